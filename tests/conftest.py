@@ -1,0 +1,14 @@
+"""Test setup: 8 simulated CPU devices, set before jax is imported anywhere."""
+
+import os
+
+os.environ["XLA_FLAGS"] = (
+  os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+).strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# TensorFlow is used for tf.data only; keep its logging quiet in test output.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import jax  # noqa: E402
+
+jax.config.update("jax_enable_x64", False)
