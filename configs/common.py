@@ -1,0 +1,79 @@
+"""Fields shared by every config; each config file starts from `base_config()`."""
+
+import dataclasses
+
+from ml_collections import config_dict
+
+from transformer.model import TransformerConfig
+
+
+def base_config() -> config_dict.ConfigDict:
+  config = config_dict.ConfigDict()
+  config.name = "base"
+  config.dataset = "numbers"  # numbers | wmt14
+  config.data_dir = config_dict.placeholder(str)  # TFDS data dir; None: TFDS's default
+  config.seed = 0
+
+  config.data = config_dict.ConfigDict()
+  config.data.source_lang = "en"
+  config.data.target_lang = "de"
+  config.data.vocab_size = 256
+  config.data.spm_train_sentences = 20000
+  config.data.max_source_len = 64  # tokens incl. EOS; longer training pairs are dropped
+  config.data.max_target_len = 64
+  config.data.tokens_per_batch = 4096  # global, per side
+  config.data.bucket_lengths = [16, 32, 64]
+  config.data.eval_batch_size = 256  # global
+  config.data.download = False  # allow TFDS to download and prepare missing data
+
+  # Every field of TransformerConfig, so `TransformerConfig(**config.model)` works.
+  config.model = config_dict.ConfigDict(dataclasses.asdict(TransformerConfig()))
+
+  config.label_smoothing = 0.1
+  config.optimizer = config_dict.ConfigDict()
+  config.optimizer.b1 = 0.9
+  config.optimizer.b2 = 0.98
+  config.optimizer.eps = 1e-9
+  config.optimizer.warmup_steps = 4000
+  # lr = scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)   (equation 3)
+  config.optimizer.learning_rate_scale = 1.0
+  config.optimizer.grad_clip_norm = 0.0  # 0: no clipping (the paper does not clip)
+
+  config.num_train_steps = 1000
+  config.log_every_steps = 50
+  config.eval_every_steps = 500
+  config.bleu_every_steps = 0  # 0: BLEU only at the end
+  config.checkpoint_every_steps = 500
+  config.keep_checkpoints = 3
+  config.average_last_checkpoints = 0  # 0 or 1: final evaluation uses the newest checkpoint
+  config.eval_bleu_sentences = 0  # validation sentences decoded for eval/bleu; 0: all
+
+  config.decode = config_dict.ConfigDict()
+  config.decode.beam_size = 4
+  config.decode.alpha = 0.6
+  config.decode.max_extra_len = 50  # maximum output length = input length + this
+  config.decode.batch_size = 64  # global, sentences per decoding batch
+  config.num_samples_to_print = 5
+
+  # What to do with a non-finite loss or gradient: 'skip' the update, or 'stop'.
+  config.nonfinite = "skip"
+  config.max_consecutive_nonfinite = 10
+
+  # Device mesh; -1 takes the remaining devices.
+  config.mesh = config_dict.ConfigDict()
+  config.mesh.data = -1
+  config.mesh.fsdp = 1
+  config.mesh.tensor = 1
+  # Logical axis -> mesh axes. Batch over data and fsdp, parameters over fsdp (ZeRO-3 style),
+  # heads / mlp / vocab over tensor (Megatron style).
+  config.logical_axis_rules = [
+    ("batch", ("data", "fsdp")),
+    ("length", None),
+    ("vocab", "tensor"),
+    ("heads", "tensor"),
+    ("mlp", "tensor"),
+    ("kv", None),
+    ("embed", "fsdp"),
+    ("layers", None),
+  ]
+  return config

@@ -1,0 +1,65 @@
+"""The embedded default: English-to-German numbers written as words, generated offline.
+
+`python -m transformer.main --config=configs/numbers.py` trains a small Transformer on it on a
+CPU in minutes and ends with test BLEU and sample translations. Variant `:tiny` is for tests.
+"""
+
+from ml_collections import config_dict
+
+from configs import common
+
+
+def get_config(arg: str | None = None) -> config_dict.ConfigDict:
+  variant = arg or "default"
+  if variant not in ("default", "tiny"):
+    raise ValueError(f"unknown variant {variant!r} of configs/numbers.py: use default or tiny")
+  config = common.base_config()
+  config.name = "numbers" if variant == "default" else "numbers-tiny"
+  config.dataset = "numbers"
+
+  config.data.vocab_size = 256
+  config.data.spm_train_sentences = 20000
+  config.data.max_source_len = 64
+  config.data.max_target_len = 64
+  config.data.bucket_lengths = [16, 32, 48, 64]
+  config.data.tokens_per_batch = 2048
+  config.data.eval_batch_size = 256
+
+  m = config.model
+  m.vocab_size = config.data.vocab_size
+  m.num_layers = 3
+  m.d_model = 128
+  m.d_ff = 512
+  m.num_heads = 4
+  m.dropout_rate = 0.1
+  m.max_len = 128
+  m.dtype = "float32"
+
+  config.optimizer.warmup_steps = 400
+  config.optimizer.learning_rate_scale = 2.0
+  config.num_train_steps = 3000
+  config.log_every_steps = 100
+  config.eval_every_steps = 1000
+  config.bleu_every_steps = 0
+  config.checkpoint_every_steps = 500
+  config.keep_checkpoints = 3
+  config.average_last_checkpoints = 0
+  config.eval_bleu_sentences = 200
+  config.decode.max_extra_len = 10
+
+  if variant == "tiny":
+    config.data.spm_train_sentences = 2000
+    config.data.tokens_per_batch = 512
+    config.data.bucket_lengths = [32, 64]
+    config.data.eval_batch_size = 64
+    m.num_layers = 1
+    m.d_model = 32
+    m.d_ff = 64
+    config.optimizer.warmup_steps = 10
+    config.num_train_steps = 6
+    config.log_every_steps = 2
+    config.eval_every_steps = 3
+    config.checkpoint_every_steps = 3
+    config.eval_bleu_sentences = 16
+    config.decode.max_extra_len = 5
+  return config

@@ -1,0 +1,97 @@
+"""WMT14 English-to-German with the paper's recipe (Vaswani et al. 2017, sections 5 and 6).
+
+Variants: `configs/wmt.py:base` (default, Table 3 "base"), `:big` (Table 3 "big"), `:tiny`
+(a CPU smoke test on the same code path). Every field can be overridden from the command line,
+e.g. `--config.model.num_heads=16 --config.mesh.data=8`.
+"""
+
+from ml_collections import config_dict
+
+from configs import common
+
+
+def get_config(arg: str | None = None) -> config_dict.ConfigDict:
+  variant = arg or "base"
+  if variant not in ("base", "big", "tiny"):
+    raise ValueError(f"unknown variant {variant!r} of configs/wmt.py: use base, big or tiny")
+  config = common.base_config()
+  config.name = f"wmt-{variant}"
+  config.dataset = "wmt14"
+
+  # Section 5.1: byte-pair encoding with a shared source-target vocabulary of about 37,000
+  # tokens; batches of about 25,000 source and 25,000 target tokens.
+  config.data.vocab_size = 37000
+  config.data.spm_train_sentences = 1_000_000
+  config.data.tokens_per_batch = 25000
+  config.data.max_source_len = 256
+  config.data.max_target_len = 256
+  config.data.bucket_lengths = [16, 24, 32, 48, 64, 96, 128, 192, 256]
+  config.data.eval_batch_size = 128
+
+  # Table 3, "base": N=6, d_model=512, d_ff=2048, h=8, d_k=d_v=d_model/h=64, P_drop=0.1.
+  m = config.model
+  m.vocab_size = config.data.vocab_size
+  m.num_layers = 6
+  m.d_model = 512
+  m.d_ff = 2048
+  m.num_heads = 8
+  m.d_kv = 0  # 0: d_k = d_v = d_model / h (64 for base and big)
+  m.dropout_rate = 0.1
+  m.max_len = 320  # covers max_target_len + 50 for decoding
+  m.dtype = "bfloat16"  # compute dtype on GPU/TPU; parameters stay float32
+
+  config.label_smoothing = 0.1  # epsilon_ls, section 5.4
+  config.optimizer.b1 = 0.9  # section 5.3
+  config.optimizer.b2 = 0.98
+  config.optimizer.eps = 1e-9
+  config.optimizer.warmup_steps = 4000
+  config.optimizer.learning_rate_scale = 1.0
+
+  config.num_train_steps = 100_000  # base: 100k steps (12 hours on 8 P100s)
+  config.log_every_steps = 100
+  config.eval_every_steps = 5000
+  config.bleu_every_steps = 10_000
+  config.checkpoint_every_steps = 1000  # the paper wrote one every 10 minutes
+  config.keep_checkpoints = 20
+  config.average_last_checkpoints = 5  # base: the last 5 checkpoints, big: the last 20
+
+  # Section 6.1: beam size 4, length penalty alpha 0.6, maximum output length input + 50.
+  config.decode.beam_size = 4
+  config.decode.alpha = 0.6
+  config.decode.max_extra_len = 50
+  config.eval_bleu_sentences = 0  # 0: the whole newstest2013 for validation BLEU
+
+  if variant == "big":
+    # Table 3, "big": N=6, d_model=1024, d_ff=4096, h=16, P_drop=0.3 for EN-DE; 300k steps.
+    m.d_model = 1024
+    m.d_ff = 4096
+    m.num_heads = 16
+    m.dropout_rate = 0.3
+    config.num_train_steps = 300_000
+    config.average_last_checkpoints = 20
+  elif variant == "tiny":
+    # Same code path, CPU-sized: used by the tests under tfds.testing.mock_data.
+    config.data.vocab_size = m.vocab_size = 256
+    config.data.spm_train_sentences = 2000
+    config.data.tokens_per_batch = 512
+    config.data.max_source_len = 32
+    config.data.max_target_len = 32
+    config.data.bucket_lengths = [16, 32]
+    config.data.eval_batch_size = 16
+    m.num_layers = 1
+    m.d_model = 32
+    m.d_ff = 64
+    m.num_heads = 4
+    m.max_len = 96
+    m.dtype = "float32"
+    config.optimizer.warmup_steps = 10
+    config.num_train_steps = 4
+    config.log_every_steps = 2
+    config.eval_every_steps = 4
+    config.bleu_every_steps = 4
+    config.checkpoint_every_steps = 2
+    config.keep_checkpoints = 3
+    config.average_last_checkpoints = 2
+    config.decode.max_extra_len = 5
+    config.eval_bleu_sentences = 16
+  return config

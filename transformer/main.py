@@ -1,0 +1,142 @@
+"""Entry point: `python -m transformer.main --config=configs/numbers.py [--workdir=DIR]`.
+
+Modes: `train` (default: train, evaluate, checkpoint, resume), `translate` (stdin or --input
+to stdout, one line per line), `average` (average the last N checkpoints and evaluate them).
+A user error (bad config value, missing data, incompatible checkpoint) ends with one line on
+stderr naming the field or path, and exit status 2.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# TensorFlow is only used for reading data on the host; keep its C++ logging quiet.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from absl import app, flags, logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file(
+  "config", None, "Config file, e.g. configs/numbers.py or configs/wmt.py:big.",
+  lock_config=True,
+)
+_WORKDIR = flags.DEFINE_string(
+  "workdir", None, "Directory for checkpoints, vocabulary and metrics "
+  "(default: runs/<config name>[-<variant>]).",
+)
+_MODE = flags.DEFINE_enum("mode", "train", ["train", "translate", "average"], "What to do.")
+_INPUT = flags.DEFINE_string("input", None, "translate: read sentences from this file "
+                             "instead of standard input.")
+_AVERAGE = flags.DEFINE_integer(
+  "average", None, "translate/average: average the last N checkpoints (default: the config's "
+  "average_last_checkpoints; translate uses the newest checkpoint when it is 0 or 1).",
+)
+_COORDINATOR = flags.DEFINE_string("coordinator_address", None,
+                                   "HOST:PORT of process 0, for multi-process runs.")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Number of processes.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
+_DISTRIBUTED = flags.DEFINE_bool(
+  "distributed", False, "Initialise jax.distributed from the environment (TPU pods, SLURM, ...)."
+)
+
+FLAGS = flags.FLAGS
+
+
+def default_workdir(config_arg: str) -> str:
+  """runs/<config file name>[-<variant>] for --config=path/name.py[:variant]."""
+  path, _, variant = config_arg.partition(":")
+  name = os.path.splitext(os.path.basename(path))[0]
+  return os.path.join("runs", f"{name}-{variant}" if variant else name)
+
+
+def _fail(message: str) -> None:
+  print(f"error: {message}", file=sys.stderr, flush=True)
+  sys.exit(2)
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl's parsing, but a bad flag or config file is one line and exit status 2."""
+  try:
+    return FLAGS(argv)
+  except flags.Error as e:
+    _fail(str(e).strip().splitlines()[0])
+  except Exception as e:  # noqa: BLE001 - a config file that fails to load or parse
+    _fail(f"--config: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e) else ''}")
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    _fail(f"unexpected arguments {' '.join(argv[1:])!r}; fields are set with --config.field=value")
+  if _CONFIG.value is None:
+    _fail("--config is required, e.g. --config=configs/numbers.py")
+  import jax
+
+  from transformer.data.errors import DataError
+  from transformer.errors import UserError
+
+  if _COORDINATOR.value or _DISTRIBUTED.value:
+    jax.distributed.initialize(
+      coordinator_address=_COORDINATOR.value, num_processes=_NUM_PROCESSES.value,
+      process_id=_PROCESS_ID.value,
+    )
+  if jax.process_index() != 0:
+    logging.set_verbosity(logging.WARNING)
+
+  config = _CONFIG.value
+  workdir = _WORKDIR.value
+  if workdir is None:
+    workdir = default_workdir(config_flags.get_config_filename(FLAGS["config"]) +
+                              _variant_suffix())
+    logging.info("No --workdir given: using %s", workdir)
+    print(f"workdir: {workdir}", flush=True)
+  try:
+    if _MODE.value == "train":
+      _train(config, workdir)
+    elif _MODE.value == "translate":
+      from transformer import cli_translate
+
+      cli_translate.translate_stream(config, workdir, _INPUT.value, _AVERAGE.value)
+    else:
+      from transformer import cli_translate
+
+      cli_translate.average_and_evaluate(config, workdir, _AVERAGE.value)
+  except (UserError, DataError) as e:
+    _fail(str(e))
+
+
+def _variant_suffix() -> str:
+  arg = FLAGS["config"].serialize()  # e.g. --config=configs/wmt.py:big
+  value = arg.split("=", 1)[-1]
+  return ":" + value.split(":", 1)[1] if ":" in value else ""
+
+
+def _train(config, workdir: str) -> None:
+  from transformer.train import train_and_evaluate
+
+  result = train_and_evaluate(config, workdir)
+  if result.get("interrupted"):
+    print(f"Interrupted by {result['interrupted']} at step {result['step']}; checkpoint saved. "
+          "Run the same command again to continue.", flush=True)
+    return
+  import jax
+
+  if jax.process_index() != 0:
+    return
+  print(f"\nStep {result['step']}: validation accuracy {result['eval/accuracy']:.4f}, "
+        f"perplexity {result['eval/perplexity']:.3f}, validation BLEU {result['eval/bleu']:.2f}")
+  line = f"Test BLEU: {result['test/bleu']:.2f}"
+  if "test/bleu_tokenized" in result:
+    line += f" (tokenized, compound-split: {result['test/bleu_tokenized']:.2f})"
+  print(f"{line}   [{result['bleu_signature']}]")
+  for src, hyp, ref in result["samples"]:
+    print(f"  source:      {src}\n  translation: {hyp}\n  reference:   {ref}\n")
+  print(f"Metrics: {os.path.join(workdir, 'metrics.jsonl')}", flush=True)
+
+
+def run() -> None:
+  app.run(main, flags_parser=parse_flags)
+
+
+if __name__ == "__main__":
+  run()

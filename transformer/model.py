@@ -1,0 +1,481 @@
+"""The Transformer of "Attention Is All You Need" (Vaswani et al. 2017) as Flax Linen modules.
+
+Every module is usable on its own. Parameters are float32 and carry logical axis names
+(`embed`, `heads`, `kv`, `mlp`, `vocab`, and `layers` when the layers are scanned), so that a
+mesh can shard them through `nn.logical_to_mesh_sharding`; the compute dtype comes from the
+config. Attention logits, softmax and the output logits are float32.
+
+Shapes: b = batch, s = source length, t = target length, d = d_model, h = heads,
+k = d_k = d_v = d_model / h, f = d_ff, V = vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transformer import attention as attn_lib
+
+Array = jax.Array
+
+POSITIONAL = ("sinusoidal", "learned")
+REMAT_POLICIES = ("none", "full", "dots")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+  """Hyperparameters of the model; field names follow the paper (Table 3)."""
+
+  vocab_size: int = 37000
+  num_layers: int = 6  # N, for the encoder and for the decoder
+  d_model: int = 512
+  d_ff: int = 2048
+  num_heads: int = 8  # h
+  d_kv: int = 0  # d_k = d_v; 0 means d_model // num_heads as in the paper
+  dropout_rate: float = 0.1  # P_drop, on sublayer outputs and embedding sums
+  attention_dropout_rate: float = 0.0  # on attention weights (not in the paper)
+  max_len: int = 256  # length of the positional table
+  positional: str = "sinusoidal"  # or "learned" (Table 3, row E)
+  share_embeddings: bool = True  # source, target and pre-softmax weights (section 3.4)
+  pre_layer_norm: bool = False  # False: LayerNorm(x + Sublayer(x)) as in the paper
+  dtype: str = "float32"  # compute dtype; parameters stay float32
+  attention: str = "xla"  # one of attention.IMPLEMENTATIONS
+  attention_chunk_size: int = 128
+  scan_layers: bool = False  # nn.scan over layers: compile time independent of depth
+  remat: str = "none"  # rematerialisation per layer: none | full | dots
+  kind: str = "transformer"  # model family, read by models.build_model
+
+  def __post_init__(self):
+    for name in ("vocab_size", "num_layers", "d_model", "d_ff", "num_heads", "max_len"):
+      if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+        raise ValueError(f"model.{name} must be a positive integer, got {getattr(self, name)!r}")
+    if self.d_kv == 0 and self.d_model % self.num_heads:
+      raise ValueError(
+        f"model.num_heads={self.num_heads} must divide model.d_model={self.d_model} "
+        "(d_k = d_model / num_heads), or set model.d_kv"
+      )
+    if not 0.0 <= self.dropout_rate < 1.0:
+      raise ValueError(f"model.dropout_rate must be in [0, 1), got {self.dropout_rate}")
+    if not 0.0 <= self.attention_dropout_rate < 1.0:
+      raise ValueError(
+        f"model.attention_dropout_rate must be in [0, 1), got {self.attention_dropout_rate}"
+      )
+    if self.positional not in POSITIONAL:
+      raise ValueError(f"model.positional must be one of {POSITIONAL}, got {self.positional!r}")
+    if self.attention not in attn_lib.IMPLEMENTATIONS:
+      raise ValueError(
+        f"model.attention must be one of {', '.join(attn_lib.IMPLEMENTATIONS)}, "
+        f"got {self.attention!r}"
+      )
+    if self.remat not in REMAT_POLICIES:
+      raise ValueError(f"model.remat must be one of {REMAT_POLICIES}, got {self.remat!r}")
+    if self.dtype not in DTYPES:
+      raise ValueError(f"model.dtype must be one of {DTYPES}, got {self.dtype!r}")
+
+  @property
+  def head_dim(self) -> int:
+    return self.d_kv or self.d_model // self.num_heads
+
+  @property
+  def compute_dtype(self) -> jnp.dtype:
+    return jnp.dtype(self.dtype)
+
+
+def _init(names: tuple[str | None, ...], init: Callable = nn.initializers.xavier_uniform()):
+  return nn.with_logical_partitioning(init, names)
+
+
+def _constrain(x: Array, names: tuple[str | None, ...]) -> Array:
+  """Sharding constraint at block boundaries; a no-op outside a mesh with rules."""
+  return nn.with_logical_constraint(x, names)
+
+
+def sinusoidal_positions(max_len: int, d_model: int) -> np.ndarray:
+  """Section 3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(same).
+
+  Returns float32 [max_len, d_model].
+  """
+  pos = np.arange(max_len, dtype=np.float64)[:, None]
+  two_i = np.arange(0, d_model, 2, dtype=np.float64)[None, :]
+  angle = pos / np.power(10000.0, two_i / d_model)
+  pe = np.zeros((max_len, d_model), dtype=np.float64)
+  pe[:, 0::2] = np.sin(angle)
+  pe[:, 1::2] = np.cos(angle[:, : d_model // 2])
+  return pe.astype(np.float32)
+
+
+class MultiHeadAttention(nn.Module):
+  """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
+
+  Self-attention when `inputs_kv` is None, cross-attention otherwise. With `decode=True` and
+  self-attention it keeps an incremental-decoding cache (collection 'cache'): the first call
+  (under `init`) with full-length inputs sizes it; later calls take one token [b, 1, d] each.
+  """
+
+  num_heads: int
+  d_model: int
+  head_dim: int | None = None
+  dropout_rate: float = 0.0
+  dtype: Any = jnp.float32
+  implementation: str = "xla"
+  chunk_size: int = 128
+  decode: bool = False
+
+  @nn.compact
+  def __call__(
+    self,
+    inputs_q: Array,
+    inputs_kv: Array | None = None,
+    mask: Array | None = None,
+    *,
+    kv_mask: Array | None = None,
+    is_causal: bool = False,
+    deterministic: bool = True,
+  ) -> Array:
+    """inputs_q [b, q, d], inputs_kv [b, kv, d], mask bool broadcastable to [b, h, q, kv],
+    kv_mask bool [b, kv] (True = real key). Returns [b, q, d]."""
+    head_dim = self.head_dim or self.d_model // self.num_heads
+    self_attention = inputs_kv is None
+    inputs_kv = inputs_q if self_attention else inputs_kv
+
+    def project(name):
+      return nn.DenseGeneral(
+        features=(self.num_heads, head_dim), axis=-1, use_bias=False, dtype=self.dtype,
+        param_dtype=jnp.float32, kernel_init=_init(("embed", "heads", "kv")), name=name,
+      )
+
+    query = project("query")(inputs_q)  # [b, q, h, k]
+    key = project("key")(inputs_kv)  # [b, kv, h, k]
+    value = project("value")(inputs_kv)  # [b, kv, h, k]
+
+    if self.decode and self_attention:
+      key, value, mask, kv_mask, is_causal = self._update_cache(key, value, mask, kv_mask,
+                                                                is_causal)
+
+    dropout_rng = None
+    if self.dropout_rate > 0.0 and not deterministic:
+      dropout_rng = self.make_rng("dropout")
+    x = attn_lib.dot_product_attention(
+      query, key, value, mask, kv_mask=kv_mask, is_causal=is_causal,
+      dropout_rate=self.dropout_rate, dropout_rng=dropout_rng, deterministic=deterministic,
+      implementation=self.implementation, chunk_size=self.chunk_size,
+    )  # [b, q, h, k]
+    return nn.DenseGeneral(
+      features=self.d_model, axis=(-2, -1), use_bias=False, dtype=self.dtype,
+      param_dtype=jnp.float32, kernel_init=_init(("heads", "kv", "embed")), name="out",
+    )(x)
+
+  def _update_cache(self, key, value, mask, kv_mask, is_causal):
+    initialized = self.has_variable("cache", "cached_key")
+    cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
+    cached_value = self.variable("cache", "cached_value", jnp.zeros, value.shape, value.dtype)
+    # One index per batch row (all equal) so every cache leaf is batch-major; beam search
+    # and scanned layers then treat all leaves alike.
+    cache_index = self.variable(
+      "cache", "cache_index", lambda: jnp.zeros((key.shape[0],), jnp.int32)
+    )
+    if not initialized:
+      return key, value, mask, kv_mask, is_causal
+    if key.shape[1] != 1:
+      raise ValueError(f"decoding takes one token per call, got length {key.shape[1]}")
+    max_len = cached_key.value.shape[1]
+    index = cache_index.value[0]
+    key = jax.lax.dynamic_update_slice_in_dim(cached_key.value, key, index, axis=1)
+    value = jax.lax.dynamic_update_slice_in_dim(cached_value.value, value, index, axis=1)
+    cached_key.value, cached_value.value = key, value
+    cache_index.value = cache_index.value + 1
+    # The new query at position `index` sees cache positions 0..index.
+    step_mask = jnp.broadcast_to(jnp.arange(max_len) <= index, (key.shape[0], max_len))
+    kv_mask = step_mask if kv_mask is None else kv_mask & step_mask
+    return key, value, mask, kv_mask, False
+
+
+class FeedForward(nn.Module):
+  """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2 (section 3.3). [b, n, d] -> [b, n, d]."""
+
+  d_model: int
+  d_ff: int
+  dropout_rate: float = 0.0
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array, deterministic: bool = True) -> Array:
+    h = nn.Dense(
+      self.d_ff, dtype=self.dtype, param_dtype=jnp.float32,
+      kernel_init=_init(("embed", "mlp")), bias_init=_init(("mlp",), nn.initializers.zeros),
+      name="wi",
+    )(x)
+    h = nn.relu(h)
+    h = _constrain(h, ("batch", "length", "mlp"))
+    return nn.Dense(
+      self.d_model, dtype=self.dtype, param_dtype=jnp.float32,
+      kernel_init=_init(("mlp", "embed")), bias_init=_init(("embed",), nn.initializers.zeros),
+      name="wo",
+    )(h)
+
+
+class _Sublayer(nn.Module):
+  """Residual connection and layer norm around a sublayer (section 3.1 / 5.4).
+
+  post (the paper): LayerNorm(x + Dropout(Sublayer(x))); pre: x + Dropout(Sublayer(LayerNorm(x))).
+  """
+
+  config: TransformerConfig
+  deterministic: bool
+
+  @nn.compact
+  def __call__(self, x: Array, fn: Callable[[Array], Array]) -> Array:
+    cfg = self.config
+    norm = nn.LayerNorm(
+      dtype=cfg.compute_dtype, param_dtype=jnp.float32, name="norm",
+      scale_init=_init(("embed",), nn.initializers.ones),
+      bias_init=_init(("embed",), nn.initializers.zeros),
+    )
+    dropout = nn.Dropout(cfg.dropout_rate)
+    if cfg.pre_layer_norm:
+      return x + dropout(fn(norm(x)), deterministic=self.deterministic)
+    return norm(x + dropout(fn(x), deterministic=self.deterministic))
+
+
+def _attention(cfg: TransformerConfig, name: str, decode: bool = False) -> MultiHeadAttention:
+  return MultiHeadAttention(
+    num_heads=cfg.num_heads, d_model=cfg.d_model, head_dim=cfg.head_dim,
+    dropout_rate=cfg.attention_dropout_rate, dtype=cfg.compute_dtype,
+    implementation=cfg.attention, chunk_size=cfg.attention_chunk_size, decode=decode, name=name,
+  )
+
+
+def _feed_forward(cfg: TransformerConfig) -> FeedForward:
+  return FeedForward(cfg.d_model, cfg.d_ff, dtype=cfg.compute_dtype, name="feed_forward")
+
+
+class EncoderLayer(nn.Module):
+  """Self-attention and feed-forward sublayers. x [b, s, d], src_mask bool [b, s] -> [b, s, d]."""
+
+  config: TransformerConfig
+  deterministic: bool = True
+  scanned: bool = False  # return (x, None) as nn.scan expects
+
+  @nn.compact
+  def __call__(self, x: Array, src_mask: Array):
+    cfg, det = self.config, self.deterministic
+    self_attention = _attention(cfg, "self_attention")
+    x = _Sublayer(cfg, det, name="attention_block")(
+      x, lambda y: self_attention(y, kv_mask=src_mask, deterministic=det)
+    )
+    feed_forward = _feed_forward(cfg)
+    x = _Sublayer(cfg, det, name="feed_forward_block")(
+      x, lambda y: feed_forward(y, deterministic=det)
+    )
+    x = _constrain(x, ("batch", "length", "embed"))
+    return (x, None) if self.scanned else x
+
+
+class DecoderLayer(nn.Module):
+  """Masked self-attention, encoder-decoder attention and feed-forward sublayers.
+
+  y [b, t, d], encoded [b, s, d], src_mask bool [b, s] -> [b, t, d].
+  """
+
+  config: TransformerConfig
+  deterministic: bool = True
+  decode: bool = False
+  scanned: bool = False
+
+  @nn.compact
+  def __call__(self, y: Array, encoded: Array, src_mask: Array):
+    cfg, det = self.config, self.deterministic
+    self_attention = _attention(cfg, "self_attention", decode=self.decode)
+    y = _Sublayer(cfg, det, name="self_attention_block")(
+      y, lambda z: self_attention(z, is_causal=True, deterministic=det)
+    )
+    cross_attention = _attention(cfg, "cross_attention")
+    y = _Sublayer(cfg, det, name="cross_attention_block")(
+      y, lambda z: cross_attention(z, encoded, kv_mask=src_mask, deterministic=det)
+    )
+    feed_forward = _feed_forward(cfg)
+    y = _Sublayer(cfg, det, name="feed_forward_block")(
+      y, lambda z: feed_forward(z, deterministic=det)
+    )
+    y = _constrain(y, ("batch", "length", "embed"))
+    return (y, None) if self.scanned else y
+
+
+def _remat_policy(name: str):
+  return {
+    "full": None,  # save nothing, recompute the whole layer
+    "dots": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+  }[name]
+
+
+def _layer_stack(cls, cfg: TransformerConfig, x: Array, args: tuple, **kwargs) -> Array:
+  """Applies cfg.num_layers copies of `cls`, unrolled or under nn.scan, with optional remat."""
+  if cfg.remat != "none":
+    cls = nn.remat(cls, policy=_remat_policy(cfg.remat), prevent_cse=not cfg.scan_layers)
+  if cfg.scan_layers:
+    scanned = nn.scan(
+      cls,
+      # Batch-major cache: layer axis 1, so decoding utilities see batch first everywhere.
+      variable_axes={"params": 0, "cache": 1},
+      split_rngs={"params": True, "dropout": True},
+      in_axes=(nn.broadcast,) * len(args),
+      length=cfg.num_layers,
+      metadata_params={nn.PARTITION_NAME: "layers"},
+    )
+    x, _ = scanned(cfg, scanned=True, name="layers", **kwargs)(x, *args)
+    return x
+  for i in range(cfg.num_layers):
+    x = cls(cfg, name=f"layer_{i}", **kwargs)(x, *args)
+  return x
+
+
+class Embed(nn.Module):
+  """Token embedding times sqrt(d_model) (section 3.4) plus positional encoding (3.5).
+
+  Also the pre-softmax projection when the weights are tied (`attend`).
+  """
+
+  config: TransformerConfig
+
+  def setup(self):
+    cfg = self.config
+    # Std d^-0.5: after the sqrt(d) scaling the embeddings have unit scale, and the tied
+    # output logits start near zero.
+    self.embedding = self.param(
+      "embedding", _init(("vocab", "embed"), nn.initializers.normal(cfg.d_model**-0.5)),
+      (cfg.vocab_size, cfg.d_model), jnp.float32,
+    )
+    if cfg.positional == "learned":
+      self.positions = self.param(
+        "positions", _init((None, "embed"), nn.initializers.normal(0.02)),
+        (cfg.max_len, cfg.d_model), jnp.float32,
+      )
+    else:
+      self.positions = jnp.asarray(sinusoidal_positions(cfg.max_len, cfg.d_model))
+
+  def __call__(self, tokens: Array, positions: Array | None = None) -> Array:
+    """tokens int [b, n]; positions int [b, n] (default 0..n-1). Returns [b, n, d]."""
+    cfg = self.config
+    x = jnp.take(self.embedding, tokens, axis=0) * jnp.sqrt(jnp.float32(cfg.d_model))
+    if positions is None:
+      pe = self.positions[None, : tokens.shape[1]]
+    else:
+      pe = jnp.take(self.positions, positions, axis=0)
+    return (x + pe).astype(cfg.compute_dtype)
+
+  def attend(self, x: Array) -> Array:
+    """Tied pre-softmax projection: [b, n, d] -> float32 logits [b, n, V]."""
+    return jnp.einsum(
+      "bnd,vd->bnv", x, self.embedding.astype(x.dtype), preferred_element_type=jnp.float32
+    )
+
+
+class Encoder(nn.Module):
+  """Embeds the source and applies N encoder layers. src int [b, s] -> [b, s, d]."""
+
+  config: TransformerConfig
+  shared_embedding: nn.Module | None = None
+
+  @nn.compact
+  def __call__(self, src: Array, deterministic: bool = True) -> Array:
+    cfg = self.config
+    embed = self.shared_embedding or Embed(cfg, name="embed")
+    src_mask = src > 0
+    x = nn.Dropout(cfg.dropout_rate)(embed(src), deterministic=deterministic)
+    x = _constrain(x, ("batch", "length", "embed"))
+    x = _layer_stack(EncoderLayer, cfg, x, (src_mask,), deterministic=deterministic)
+    if cfg.pre_layer_norm:
+      x = nn.LayerNorm(dtype=cfg.compute_dtype, param_dtype=jnp.float32, name="final_norm",
+                       scale_init=_init(("embed",), nn.initializers.ones),
+                       bias_init=_init(("embed",), nn.initializers.zeros))(x)
+    return x
+
+
+class Decoder(nn.Module):
+  """Embeds the shifted target, applies N decoder layers, projects to the vocabulary.
+
+  tgt_in int [b, t] (target shifted right, 0 first), encoded [b, s, d], src_mask bool [b, s]
+  -> float32 logits [b, t, V]. With `decode=True`, t = 1 and positions come from the cache.
+  """
+
+  config: TransformerConfig
+  shared_embedding: nn.Module | None = None
+  decode: bool = False
+
+  @nn.compact
+  def __call__(self, tgt_in: Array, encoded: Array, src_mask: Array,
+               deterministic: bool = True) -> Array:
+    cfg = self.config
+    embed = self.shared_embedding or Embed(cfg, name="embed")
+    positions = None
+    if self.decode:
+      initialized = self.has_variable("cache", "position")
+      position = self.variable(
+        "cache", "position", lambda: jnp.zeros((tgt_in.shape[0],), jnp.int32)
+      )
+      if initialized:
+        positions = position.value[:, None]
+        position.value = position.value + 1
+    y = nn.Dropout(cfg.dropout_rate)(embed(tgt_in, positions), deterministic=deterministic)
+    y = _constrain(y, ("batch", "length", "embed"))
+    y = _layer_stack(DecoderLayer, cfg, y, (encoded, src_mask), deterministic=deterministic,
+                     decode=self.decode)
+    if cfg.pre_layer_norm:
+      y = nn.LayerNorm(dtype=cfg.compute_dtype, param_dtype=jnp.float32, name="final_norm",
+                       scale_init=_init(("embed",), nn.initializers.ones),
+                       bias_init=_init(("embed",), nn.initializers.zeros))(y)
+    if cfg.share_embeddings:
+      logits = embed.attend(y)
+    else:
+      logits = nn.Dense(cfg.vocab_size, use_bias=False, dtype=cfg.compute_dtype,
+                        param_dtype=jnp.float32, kernel_init=_init(("embed", "vocab")),
+                        name="logits")(y).astype(jnp.float32)
+    return _constrain(logits, ("batch", "length", "vocab"))
+
+
+def shift_right(targets: Array) -> Array:
+  """Decoder input: targets shifted right by one, with 0 as the start token. [b, t] -> [b, t]."""
+  return jnp.pad(targets, ((0, 0), (1, 0)))[:, :-1]
+
+
+class Transformer(nn.Module):
+  """The encoder-decoder. `__call__(inputs, targets, train=False) -> logits [b, t, V]`."""
+
+  config: TransformerConfig
+  # Incremental decoding with a KV cache (named so as not to shadow the `decode` method).
+  incremental: bool = False
+
+  def setup(self):
+    cfg = self.config
+    if cfg.share_embeddings:
+      shared = Embed(cfg, name="embed")
+      self.encoder = Encoder(cfg, shared_embedding=shared)
+      self.decoder = Decoder(cfg, shared_embedding=shared, decode=self.incremental)
+    else:
+      self.encoder = Encoder(cfg)
+      self.decoder = Decoder(cfg, decode=self.incremental)
+
+  def encode(self, inputs: Array, train: bool = False) -> Array:
+    """inputs int [b, s] -> encoded [b, s, d]."""
+    return self.encoder(inputs, deterministic=not train)
+
+  def decode_logits(self, encoded: Array, inputs: Array, tgt_in: Array,
+                    train: bool = False) -> Array:
+    """Decoder logits [b, t, V] for decoder input tgt_in [b, t] (already shifted right)."""
+    return self.decoder(tgt_in, encoded, inputs > 0, deterministic=not train)
+
+  def decode(self, encoded: Array, inputs: Array, targets: Array, train: bool = False) -> Array:
+    """Teacher-forced logits [b, t, V] for targets [b, t] (shifted right here)."""
+    return self.decode_logits(encoded, inputs, shift_right(targets), train)
+
+  def __call__(self, inputs: Array, targets: Array, train: bool = False) -> Array:
+    """inputs int [b, s], targets int [b, t] (0 = padding) -> float32 logits [b, t, V]."""
+    encoded = self.encode(inputs, train)
+    return self.decode(encoded, inputs, targets, train)

@@ -1,0 +1,145 @@
+"""Training state, the paper's optimiser and schedule, the loss, and the pure step functions.
+
+`train_step(state, batch, rng) -> (state, metrics)` is pure: the step's dropout RNG is
+`fold_in(rng, state.step)`, so a resumed run draws exactly the masks an uninterrupted run
+would. Non-finite losses or gradients are caught inside the step: the update is skipped and
+counted, so no NaN ever reaches the parameters (and thus a checkpoint).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+
+Array = jax.Array
+
+
+@struct.dataclass
+class TrainState:
+  step: Array  # int32 scalar: number of updates applied (or skipped) so far
+  params: Any
+  opt_state: Any
+  nonfinite_in_a_row: Array  # int32 scalar: consecutive steps skipped for NaN/Inf
+  nonfinite_total: Array  # int32 scalar
+
+
+def learning_rate_schedule(d_model: int, warmup_steps: int, scale: float = 1.0) -> Callable:
+  """Equation 3: lrate = d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5).
+
+  `count` is the number of updates done so far; the paper's step numbers start at 1.
+  """
+
+  def schedule(count):
+    step = jnp.asarray(count, jnp.float32) + 1.0
+    return scale * d_model**-0.5 * jnp.minimum(step**-0.5, step * warmup_steps**-1.5)
+
+  return schedule
+
+
+def make_optimizer(config: Any) -> optax.GradientTransformation:
+  """Adam(b1, b2, eps) (section 5.3) on the schedule above, optional global-norm clipping."""
+  opt = config.optimizer
+  schedule = learning_rate_schedule(config.model.d_model, opt.warmup_steps,
+                                    opt.learning_rate_scale)
+  adam = optax.adam(schedule, b1=opt.b1, b2=opt.b2, eps=opt.eps)
+  if opt.grad_clip_norm > 0:
+    return optax.chain(optax.clip_by_global_norm(opt.grad_clip_norm), adam)
+  return adam
+
+
+def cross_entropy(logits: Array, targets: Array, label_smoothing: float) -> tuple[Array, Array]:
+  """Per-token label-smoothed cross-entropy and plain negative log-likelihood.
+
+  logits float32 [b, t, V], targets int [b, t]. The smoothed target puts 1 - eps on the
+  reference and eps / (V - 1) on every other token (section 5.4); its own entropy is
+  subtracted so that a perfect prediction scores 0. Returns (smoothed [b, t], nll [b, t]).
+  """
+  vocab = logits.shape[-1]
+  confidence = 1.0 - label_smoothing
+  low = label_smoothing / (vocab - 1)
+  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  nll = -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+  if label_smoothing == 0.0:
+    return nll, nll
+  # sum_v q_v * -log p_v with q = low everywhere except `confidence` at the target.
+  smoothed = confidence * nll - low * (log_probs.sum(-1) + nll)
+  normalizer = -(confidence * jnp.log(confidence) + (vocab - 1) * low * jnp.log(low + 1e-20))
+  return smoothed - normalizer, nll
+
+
+def loss_sums(logits: Array, targets: Array, label_smoothing: float) -> dict[str, Array]:
+  """Sums over non-padding tokens (targets > 0): loss, nll, correct, tokens."""
+  weights = (targets > 0).astype(jnp.float32)
+  smoothed, nll = cross_entropy(logits, targets, label_smoothing)
+  correct = (jnp.argmax(logits, -1) == targets).astype(jnp.float32)
+  return {
+    "loss": (smoothed * weights).sum(),
+    "nll": (nll * weights).sum(),
+    "correct": (correct * weights).sum(),
+    "tokens": weights.sum(),
+  }
+
+
+def _tree_norm(tree) -> Array:
+  return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree)))
+
+
+def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
+                    label_smoothing: float) -> Callable:
+  """Returns the pure `train_step(state, batch, rng) -> (state, metrics)`.
+
+  batch: {'inputs': int32 [b, s], 'targets': int32 [b, t]}; rng: the run's seed key.
+  """
+
+  def train_step(state: TrainState, batch: dict[str, Array], rng: Array):
+    dropout_rng = jax.random.fold_in(rng, state.step)
+
+    def loss_fn(params):
+      logits = model.apply({"params": params}, batch["inputs"], batch["targets"], train=True,
+                           rngs={"dropout": dropout_rng})
+      sums = loss_sums(logits, batch["targets"], label_smoothing)
+      # Mean over the tokens of the whole global batch, so the number of devices never
+      # changes the math.
+      return sums["loss"] / jnp.maximum(sums["tokens"], 1.0), sums
+
+    (loss, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    grad_norm = _tree_norm(grads)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    updates, new_opt_state = tx.update(grads, state.opt_state, state.params)
+    new_params = optax.apply_updates(state.params, updates)
+    # Skip a non-finite update entirely: parameters and Adam moments stay as they were.
+    keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+    in_a_row = jnp.where(finite, 0, state.nonfinite_in_a_row + 1)
+    new_state = state.replace(
+      step=state.step + 1,
+      params=keep(new_params, state.params),
+      opt_state=keep(new_opt_state, state.opt_state),
+      nonfinite_in_a_row=in_a_row.astype(jnp.int32),
+      nonfinite_total=(state.nonfinite_total + (~finite)).astype(jnp.int32),
+    )
+    metrics = {
+      **sums,
+      "grad_norm": grad_norm,
+      "param_norm": _tree_norm(state.params),
+      "nonfinite": (~finite).astype(jnp.float32),
+      "source_tokens": (batch["inputs"] > 0).sum().astype(jnp.float32),
+    }
+    return new_state, metrics
+
+  return train_step
+
+
+def make_eval_step(model: nn.Module, label_smoothing: float) -> Callable:
+  """Returns `eval_step(params, batch) -> sums` (loss, nll, correct, tokens)."""
+
+  def eval_step(params, batch):
+    logits = model.apply({"params": params}, batch["inputs"], batch["targets"], train=False)
+    return loss_sums(logits, batch["targets"], label_smoothing)
+
+  return eval_step

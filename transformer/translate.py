@@ -1,0 +1,139 @@
+"""Translation with a trained Transformer: encode once, then beam search (or greedy) over the
+decoder's KV cache, one token per step. Also the text-level helpers used by evaluation and the
+translate mode.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from transformer import decode as decode_lib
+from transformer import sharding as sharding_lib
+from transformer.model import Transformer, TransformerConfig
+
+Array = jax.Array
+
+
+def init_cache(model_config: TransformerConfig, batch: int, src_len: int, max_len: int) -> Any:
+  """A zero cache for `batch` rows and outputs of up to `max_len` tokens (no FLOPs spent)."""
+  model = Transformer(model_config, incremental=True)
+  shapes = jax.eval_shape(
+    lambda: model.init(
+      jax.random.key(0), jnp.ones((batch, src_len), jnp.int32),
+      jnp.ones((batch, max_len), jnp.int32),
+    )["cache"]
+  )
+  return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+
+def decode_tokens(params: Any, inputs: Array, model_config: TransformerConfig, *, beam_size: int,
+                  alpha: float, max_extra_len: int, max_len: int) -> Array:
+  """Translations of `inputs` int32 [b, s] (0-padded, EOS-terminated) -> int32 [b, max_len].
+
+  beam_size 1 is greedy. The longest output of a sentence is its length + max_extra_len
+  (section 6.1), capped at max_len.
+  """
+  model = Transformer(model_config)
+  step_model = Transformer(model_config, incremental=True)
+  batch = inputs.shape[0]
+  encoded = model.apply({"params": params}, inputs, method=Transformer.encode)
+  src_lengths = jnp.sum(inputs > 0, axis=-1).astype(jnp.int32)
+  max_lengths = jnp.minimum(src_lengths + max_extra_len, max_len)
+  cache = init_cache(model_config, batch, inputs.shape[1], max_len)
+  if beam_size > 1:
+    encoded_b = decode_lib.tile_beams(encoded, beam_size)
+    inputs_b = decode_lib.tile_beams(inputs, beam_size)
+  else:
+    encoded_b, inputs_b = encoded, inputs
+
+  def tokens_to_logits(ids, cache):
+    logits, mutated = step_model.apply(
+      {"params": params, "cache": cache}, encoded_b, inputs_b, ids,
+      method=Transformer.decode_logits, mutable=["cache"],
+    )
+    return logits[:, -1, :], mutated["cache"]
+
+  if beam_size == 1:
+    return decode_lib.greedy_decode(tokens_to_logits, cache, batch_size=batch,
+                                    max_lengths=max_lengths, max_len=max_len)
+  seqs, _ = decode_lib.beam_search(tokens_to_logits, cache, batch_size=batch,
+                                   beam_size=beam_size, alpha=alpha, max_lengths=max_lengths,
+                                   max_len=max_len)
+  return seqs[:, 0]
+
+
+class Translator:
+  """Jitted batched translation of token ids and of text, sharded over the mesh's batch axes."""
+
+  def __init__(self, model_config: TransformerConfig, decode_config: Any, mesh: Mesh,
+               param_shardings: Any):
+    self.model_config = model_config
+    self.mesh = mesh
+    self.beam_size = int(decode_config.beam_size)
+    self.alpha = float(decode_config.alpha)
+    self.max_extra_len = int(decode_config.max_extra_len)
+    self.batch_size = int(decode_config.batch_size)
+    self._param_shardings = param_shardings
+    self._fns: dict[tuple[int, int], Any] = {}
+
+  def _fn(self, src_len: int, max_len: int):
+    key = (src_len, max_len)
+    if key not in self._fns:
+      fn = functools.partial(
+        decode_tokens, model_config=self.model_config, beam_size=self.beam_size,
+        alpha=self.alpha, max_extra_len=self.max_extra_len, max_len=max_len,
+      )
+      batch = sharding_lib.batch_sharding(self.mesh)
+      self._fns[key] = jax.jit(fn, in_shardings=(self._param_shardings, batch),
+                               out_shardings=NamedSharding(self.mesh, PartitionSpec()))
+    return self._fns[key]
+
+  def translate_ids(self, params: Any, sources: Sequence[Sequence[int]]) -> list[list[int]]:
+    """Token-id sentences (EOS-terminated) -> output token ids (up to, excluding, EOS)."""
+    results: list[list[int]] = [[] for _ in sources]
+    if not sources:
+      return results
+    dp = sharding_lib.data_parallel_size(self.mesh)
+    batch = max(dp, -(-self.batch_size // dp) * dp)
+    max_src = self.model_config.max_len - self.max_extra_len
+    # Sort by length so each batch pads little; a few padded lengths keep compiles few.
+    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+    for start in range(0, len(order), batch):
+      idx = order[start:start + batch]
+      longest = max(len(sources[i]) for i in idx)
+      src_len = min(_round_up(longest), max_src)
+      arr = np.zeros((batch, src_len), np.int32)
+      for row, i in enumerate(idx):
+        ids = list(sources[i])[:src_len]
+        if len(sources[i]) > src_len:
+          ids[-1] = 1  # truncated: keep the EOS last
+        arr[row, : len(ids)] = ids
+      max_len = min(src_len + self.max_extra_len, self.model_config.max_len)
+      out = np.asarray(jax.device_get(self._fn(src_len, max_len)(params, arr)))
+      for row, i in enumerate(idx):
+        results[i] = _until_eos(out[row])
+    return results
+
+
+def _round_up(n: int) -> int:
+  """Pads lengths to 8, 16, 32, ... so that few shapes are compiled."""
+  size = 8
+  while size < n:
+    size *= 2
+  return size
+
+
+def _until_eos(ids: np.ndarray) -> list[int]:
+  out = []
+  for t in ids.tolist():
+    if t in (0, 1):
+      break
+    out.append(t)
+  return out

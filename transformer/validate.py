@@ -1,0 +1,147 @@
+"""Validation of a whole config before any work: every failure is a one-line ConfigError that
+names the field and says what would be valid."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from transformer import sharding as sharding_lib
+from transformer.errors import ConfigError
+from transformer.model import TransformerConfig
+
+DATASETS = ("numbers", "wmt14")
+NONFINITE = ("skip", "stop")
+
+
+def _int(config: Any, field: str, minimum: int = 0) -> int:
+  value = _get(config, field)
+  if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    raise ConfigError(f"{field}={value!r}: must be an integer >= {minimum}")
+  return value
+
+
+def _float(config: Any, field: str, lo: float, hi: float, hi_open: bool = False) -> float:
+  value = _get(config, field)
+  if isinstance(value, bool) or not isinstance(value, int | float):
+    raise ConfigError(f"{field}={value!r}: must be a number")
+  if value < lo or value > hi or (hi_open and value == hi):
+    raise ConfigError(f"{field}={value!r}: must be in [{lo}, {hi}{')' if hi_open else ']'}")
+  return float(value)
+
+
+def _get(config: Any, field: str) -> Any:
+  node = config
+  for part in field.split("."):
+    if part not in node:
+      raise ConfigError(f"{field}: missing from the config")
+    node = node[part]
+  return node
+
+
+def model_config(config: Any) -> TransformerConfig:
+  """TransformerConfig(**config.model), with its ValueErrors as ConfigErrors."""
+  try:
+    return TransformerConfig(**config.model)
+  except TypeError as e:
+    raise ConfigError(f"model: {e}") from None
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
+
+
+def validate(config: Any, num_devices: int, workdir: str | None = None) -> TransformerConfig:
+  """Checks every field; returns the model config. Raises ConfigError (one line)."""
+  if _get(config, "dataset") not in DATASETS:
+    raise ConfigError(f"dataset={config.dataset!r}: must be one of {', '.join(DATASETS)}")
+  mc = model_config(config)
+  if mc.kind != "transformer":
+    raise ConfigError(f"model.kind={mc.kind!r}: must be 'transformer'")
+
+  _int(config, "seed")
+  vocab = _int(config, "data.vocab_size", 8)
+  if vocab != mc.vocab_size:
+    raise ConfigError(
+      f"model.vocab_size={mc.vocab_size} differs from data.vocab_size={vocab}: set both"
+    )
+  _int(config, "data.spm_train_sentences", 1)
+  max_src = _int(config, "data.max_source_len", 2)
+  max_tgt = _int(config, "data.max_target_len", 2)
+  buckets = _get(config, "data.bucket_lengths")
+  if (not buckets or any(isinstance(b, bool) or not isinstance(b, int) or b < 2 for b in buckets)
+      or list(buckets) != sorted(set(buckets))):
+    raise ConfigError(
+      f"data.bucket_lengths={list(buckets)!r}: must be increasing integers >= 2"
+    )
+  if buckets[-1] < max(max_src, max_tgt):
+    raise ConfigError(
+      f"data.bucket_lengths: the largest ({buckets[-1]}) must be >= max(data.max_source_len, "
+      f"data.max_target_len) = {max(max_src, max_tgt)}"
+    )
+  extra = _int(config, "decode.max_extra_len")
+  if mc.max_len < buckets[-1] or mc.max_len < max_src + extra:
+    raise ConfigError(
+      f"model.max_len={mc.max_len}: must be >= the largest bucket ({buckets[-1]}) and >= "
+      f"data.max_source_len + decode.max_extra_len ({max_src + extra})"
+    )
+  _int(config, "data.eval_batch_size", 1)
+
+  _float(config, "label_smoothing", 0.0, 1.0, hi_open=True)
+  _float(config, "optimizer.b1", 0.0, 1.0, hi_open=True)
+  _float(config, "optimizer.b2", 0.0, 1.0, hi_open=True)
+  _float(config, "optimizer.eps", 0.0, 1.0)
+  _int(config, "optimizer.warmup_steps", 1)
+  _float(config, "optimizer.learning_rate_scale", 0.0, 1e6)
+  _float(config, "optimizer.grad_clip_norm", 0.0, 1e12)
+
+  _int(config, "num_train_steps", 0)
+  for field in ("log_every_steps", "eval_every_steps", "checkpoint_every_steps"):
+    _int(config, field, 1)
+  _int(config, "bleu_every_steps", 0)
+  _int(config, "keep_checkpoints", 1)
+  avg = _int(config, "average_last_checkpoints", 0)
+  if avg > config.keep_checkpoints:
+    raise ConfigError(
+      f"average_last_checkpoints={avg}: must be <= keep_checkpoints={config.keep_checkpoints}"
+    )
+  _int(config, "eval_bleu_sentences", 0)
+  _int(config, "num_samples_to_print", 0)
+  _int(config, "decode.beam_size", 1)
+  _float(config, "decode.alpha", 0.0, 100.0)
+  _int(config, "decode.batch_size", 1)
+  if _get(config, "nonfinite") not in NONFINITE:
+    raise ConfigError(f"nonfinite={config.nonfinite!r}: must be one of {', '.join(NONFINITE)}")
+  _int(config, "max_consecutive_nonfinite", 1)
+
+  # The mesh against the devices, and dimensions against the axes that split them.
+  data, fsdp, tensor = sharding_lib.mesh_shape(config.mesh, num_devices)
+  for field, size, axis, n in (
+    ("model.num_heads", mc.num_heads, "tensor", tensor),
+    ("model.d_ff", mc.d_ff, "tensor", tensor),
+    ("model.vocab_size", mc.vocab_size, "tensor", tensor),
+    ("model.d_model", mc.d_model, "fsdp", fsdp),
+  ):
+    if size % n:
+      raise ConfigError(f"{field}={size} is not divisible by mesh.{axis}={n}: change one of them")
+  dp = data * fsdp
+  tokens = _int(config, "data.tokens_per_batch", 1)
+  if tokens // buckets[-1] < dp:
+    raise ConfigError(
+      f"data.tokens_per_batch={tokens}: a batch of the longest bucket ({buckets[-1]} tokens) "
+      f"must have at least one row per data-parallel device ({dp} = mesh.data x mesh.fsdp); "
+      f"use at least {buckets[-1] * dp}"
+    )
+
+  if workdir is not None:
+    _check_writable(workdir)
+  return mc
+
+
+def _check_writable(workdir: str) -> None:
+  path = os.path.abspath(workdir)
+  probe = path
+  while not os.path.exists(probe):
+    probe = os.path.dirname(probe)
+  if not os.path.isdir(probe):
+    raise ConfigError(f"--workdir={workdir}: {probe} is a file, not a directory")
+  if not os.access(probe, os.W_OK | os.X_OK):
+    raise ConfigError(f"--workdir={workdir}: {probe} is not writable")
