@@ -1,0 +1,164 @@
+"""A SentencePiece subword vocabulary shared by the source and the target language.
+
+Ids follow the project contract: 0 is padding, 1 is end-of-sentence (appended by `encode`),
+2 is unknown; there is no beginning-of-sentence id (the decoder input is the target shifted
+right, with 0 in front).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import sentencepiece as spm
+from sentencepiece import sentencepiece_model_pb2 as sp_model
+
+from transformer.data.errors import DataError
+
+PAD_ID = 0
+EOS_ID = 1
+UNK_ID = 2
+
+
+class Tokenizer:
+  """Encodes text to ids ending in EOS and decodes ids back to text."""
+
+  def __init__(self, processor: spm.SentencePieceProcessor, path: str = "<memory>"):
+    self._sp = processor
+    self.path = path
+
+  @classmethod
+  def train(
+    cls,
+    texts: Iterable[str],
+    model_prefix: str,
+    vocab_size: int,
+    *,
+    model_type: str = "unigram",
+    character_coverage: float = 1.0,
+    input_sentence_size: int = 10_000_000,
+    max_sentence_length: int = 4192,
+    num_threads: int | None = None,
+    seed: int = 0,
+  ) -> Tokenizer:
+    """Trains a vocabulary on `texts` and writes `<model_prefix>.model` (and `.vocab`).
+
+    The files are written into a temporary directory next to the target and then moved into
+    place with `os.replace`, so a crash never leaves a half-written model behind.
+
+    Args:
+      texts: training sentences; the first `input_sentence_size` are used (in order: the
+        caller samples, so that training is deterministic).
+      model_prefix: output path without extension; its directory is created if needed.
+      vocab_size: the largest vocabulary size; fewer pieces are kept if the text does not
+        support that many (so tiny corpora still train), see `vocab_size` of the result.
+      model_type: 'unigram' or 'bpe'.
+      character_coverage: fraction of characters covered by the vocabulary.
+      input_sentence_size: cap on the number of training sentences.
+      max_sentence_length: longer sentences (in bytes) are skipped by SentencePiece.
+      num_threads: trainer threads (default: all CPUs).
+      seed: SentencePiece's random seed (it also shuffles nothing: input order is kept).
+
+    Returns:
+      The trained tokenizer, loaded from the final file.
+    """
+    out_dir = os.path.dirname(os.path.abspath(model_prefix))
+    os.makedirs(out_dir, exist_ok=True)
+    spm.SetRandomGeneratorSeed(seed)
+    tmp_dir = tempfile.mkdtemp(prefix=".spm-tmp-", dir=out_dir)
+    try:
+      tmp_prefix = os.path.join(tmp_dir, "spm")
+      spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(texts),
+        model_prefix=tmp_prefix,
+        vocab_size=vocab_size,
+        model_type=model_type,
+        character_coverage=character_coverage,
+        input_sentence_size=input_sentence_size,
+        shuffle_input_sentence=False,
+        max_sentence_length=max_sentence_length,
+        num_threads=num_threads or os.cpu_count() or 1,
+        hard_vocab_limit=False,
+        pad_id=PAD_ID,
+        eos_id=EOS_ID,
+        unk_id=UNK_ID,
+        bos_id=-1,
+        minloglevel=2,
+      )
+      # The model records its (random) temporary prefix: store the final one instead, so that
+      # equal inputs give byte-identical files.
+      proto = sp_model.ModelProto()
+      with open(tmp_prefix + ".model", "rb") as f:
+        proto.ParseFromString(f.read())
+      proto.trainer_spec.model_prefix = model_prefix
+      with open(tmp_prefix + ".model", "wb") as f:
+        f.write(proto.SerializeToString())
+      # Vocab first: the .model file appearing is what marks a finished vocabulary.
+      os.replace(tmp_prefix + ".vocab", model_prefix + ".vocab")
+      os.replace(tmp_prefix + ".model", model_prefix + ".model")
+    finally:
+      shutil.rmtree(tmp_dir, ignore_errors=True)
+    return cls.load(model_prefix + ".model")
+
+  @classmethod
+  def load(cls, path: str) -> Tokenizer:
+    """Loads a `.model` file; raises `DataError` naming `path` if it is missing or damaged."""
+    try:
+      with open(path, "rb") as f:
+        data = f.read()
+      proto = sp_model.ModelProto()
+      proto.ParseFromString(data)
+      # A file cut at a field boundary still parses: check that all of it is there (the
+      # trainer and normalizer specs are written after the pieces).
+      spec, norm = proto.trainer_spec, proto.normalizer_spec
+      if not (proto.HasField("trainer_spec") and proto.HasField("normalizer_spec")):
+        raise ValueError("truncated file")
+      if len(proto.pieces) != spec.vocab_size or not (
+        norm.precompiled_charsmap or norm.name == "identity"
+      ):
+        raise ValueError("truncated file")
+      sp = spm.SentencePieceProcessor()
+      sp.LoadFromSerializedProto(data)
+    except Exception as e:  # OSError, DecodeError, RuntimeError, ValueError.
+      reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+      raise DataError(f"cannot read SentencePiece model {path}: {reason}") from None
+    if sp.pad_id() != PAD_ID or sp.eos_id() != EOS_ID:
+      raise DataError(
+        f"SentencePiece model {path} has pad_id={sp.pad_id()}, eos_id={sp.eos_id()}; "
+        f"expected {PAD_ID} and {EOS_ID}"
+      )
+    return cls(sp, path)
+
+  @property
+  def vocab_size(self) -> int:
+    """Number of ids, including pad, EOS and unknown."""
+    return self._sp.get_piece_size()
+
+  def encode(self, text: str) -> list[int]:
+    """Ids of `text` followed by EOS (1); never contains 0."""
+    return self._sp.encode(text) + [EOS_ID]
+
+  def encode_batch(self, texts: Sequence[str], num_threads: int = -1) -> list[list[int]]:
+    """`encode` of each text (SentencePiece runs the batch on several threads)."""
+    ids = self._sp.encode(list(texts), num_threads=num_threads)
+    for x in ids:
+      x.append(EOS_ID)
+    return ids
+
+  def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+    """Text of `ids` up to the first EOS; padding (0) and out-of-vocabulary ids are ignored.
+
+    Args:
+      ids: [length] ints, e.g. one row of a model's output.
+    """
+    out = []
+    size = self.vocab_size
+    for i in np.asarray(ids).reshape(-1).tolist():
+      if i == EOS_ID:
+        break
+      if PAD_ID < i < size:
+        out.append(i)
+    return self._sp.decode(out)
