@@ -1,0 +1,319 @@
+"""Greedy decoding and beam search against NumPy float64 references on a toy cached model.
+
+The toy model's next-token logits are a random table indexed by (sentence, position, token
+before the previous one, previous token). The position is a scalar cache leaf (it must never
+be tiled or gathered), the sentence id a [B] leaf and the token history a [B, max_len] leaf,
+so a wrong cache expansion or reordering changes the logits.
+"""
+
+import functools
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer import decode
+
+EOS = 1
+VOCAB = 5
+
+
+def make_table(seed, num_sentences=3, max_len=4, vocab=VOCAB, eos_bias=0.0):
+  """Random logits float64[sentence, position, prev2, prev, next]."""
+  rng = np.random.default_rng(seed)
+  table = 2.0 * rng.standard_normal((num_sentences, max_len, vocab, vocab, vocab))
+  table[..., EOS] += eos_bias
+  return table
+
+
+def toy_model(table):
+  table_j = jnp.asarray(table, jnp.float32)  # [sentence, position, prev2, prev, vocab]
+
+  def tokens_to_logits(ids, cache):
+    index = cache["index"]
+    assert index.ndim == 0, "the scalar cache leaf must stay a scalar"
+    prev = ids[:, 0]
+    prev2 = jnp.where(index > 0, cache["hist"][:, jnp.maximum(index - 1, 0)], 0)
+    logits = table_j[cache["sent"], index, prev2, prev]
+    hist = cache["hist"].at[:, index].set(prev)
+    return logits, {"index": index + 1, "sent": cache["sent"], "hist": hist}
+
+  return tokens_to_logits
+
+
+def init_cache(sentence_ids, max_len):
+  return {
+    "index": jnp.array(0, jnp.int32),
+    "sent": jnp.asarray(sentence_ids, jnp.int32),
+    "hist": jnp.zeros((len(sentence_ids), max_len), jnp.int32),
+  }
+
+
+# Model steps run, recorded by `counting_toy_model` (from inside the compiled loop).
+STEPS = []
+
+
+def counting_toy_model(table):
+  model = toy_model(table)
+
+  def tokens_to_logits(ids, cache):
+    jax.debug.callback(lambda: STEPS.append(1))
+    return model(ids, cache)
+
+  return tokens_to_logits
+
+
+def count_steps(fn):
+  """Runs fn() and returns (its result, the number of model steps it ran)."""
+  STEPS.clear()
+  result = fn()
+  jax.effects_barrier()
+  return result, len(STEPS)
+
+
+@functools.partial(jax.jit, static_argnames=("max_len", "make_model"))
+def _greedy(table, sentence_ids, max_lengths, *, max_len, make_model):
+  # The table is an argument, not a closure constant, so same-shape calls share one compile.
+  return decode.greedy_decode(
+    make_model(table),
+    init_cache(sentence_ids, max_len),
+    batch_size=sentence_ids.shape[0],
+    max_lengths=max_lengths,
+    max_len=max_len,
+  )
+
+
+@functools.partial(jax.jit, static_argnames=("max_len", "beam_size", "alpha", "make_model"))
+def _beam(table, sentence_ids, max_lengths, *, max_len, beam_size, alpha, make_model):
+  return decode.beam_search(
+    make_model(table),
+    init_cache(sentence_ids, max_len),
+    batch_size=sentence_ids.shape[0],
+    beam_size=beam_size,
+    alpha=alpha,
+    max_lengths=max_lengths,
+    max_len=max_len,
+  )
+
+
+def run_greedy(table, sentence_ids, max_lengths, max_len, make_model=toy_model):
+  args = (jnp.asarray(table, jnp.float32), jnp.asarray(sentence_ids), jnp.asarray(max_lengths))
+  return np.asarray(_greedy(*args, max_len=max_len, make_model=make_model))
+
+
+def run_beam(table, sentence_ids, max_lengths, max_len, *, beam_size, alpha, make_model=toy_model):
+  args = (jnp.asarray(table, jnp.float32), jnp.asarray(sentence_ids), jnp.asarray(max_lengths))
+  seqs, scores = _beam(
+    *args, max_len=max_len, beam_size=beam_size, alpha=alpha, make_model=make_model
+  )
+  return np.asarray(seqs), np.asarray(scores)
+
+
+def log_softmax64(table):
+  table = np.asarray(table, np.float64)
+  shifted = table - table.max(-1, keepdims=True)
+  return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+
+
+def sequence_log_prob(log_probs, sentence, tokens):
+  total, prev2, prev = 0.0, 0, 0
+  for t, token in enumerate(tokens):
+    total += log_probs[sentence, t, prev2, prev, token]
+    prev2, prev = prev, token
+  return total
+
+
+def all_hypotheses(table, sentence, max_length, alpha):
+  """Every EOS-terminated sequence of length <= max_length with its float64 score, best first."""
+  log_probs = log_softmax64(table)
+  non_eos = [v for v in range(table.shape[-1]) if v != EOS]
+  hyps = []
+  for length in range(1, max_length + 1):
+    for prefix in itertools.product(non_eos, repeat=length - 1):
+      tokens = (*prefix, EOS)
+      lp = ((5.0 + length) / 6.0) ** alpha
+      hyps.append((sequence_log_prob(log_probs, sentence, tokens) / lp, tokens))
+  return sorted(hyps, key=lambda h: -h[0])
+
+
+def greedy_reference(table, sentence, max_length):
+  log_probs = log_softmax64(table)
+  tokens, prev2, prev = [], 0, 0
+  for t in range(max_length):
+    token = EOS if t == max_length - 1 else int(np.argmax(log_probs[sentence, t, prev2, prev]))
+    tokens.append(token)
+    if token == EOS:
+      return tokens
+    prev2, prev = prev, token
+  return tokens
+
+
+def padded(tokens, max_len):
+  return list(tokens) + [0] * (max_len - len(tokens))
+
+
+def test_length_penalty_formula():
+  lengths = np.arange(0, 12)
+  for alpha in (0.0, 0.6, 1.0, 2.5):
+    expected = ((5.0 + lengths) / 6.0) ** alpha
+    np.testing.assert_allclose(decode.length_penalty(lengths, alpha), expected, rtol=1e-6)
+  assert float(decode.length_penalty(1, 0.6)) == pytest.approx(1.0)
+
+
+def test_flatten_tile_gather_beams():
+  x = jnp.arange(2 * 3 * 4).reshape(2, 3, 4)
+  np.testing.assert_array_equal(decode.unflatten_beams(decode.flatten_beams(x), 2), x)
+  tree = {"kv": jnp.arange(2 * 5).reshape(2, 5), "index": jnp.array(7)}
+  tiled = decode.tile_beams(tree, 3)
+  assert tiled["kv"].shape == (6, 5) and tiled["index"].shape == ()
+  np.testing.assert_array_equal(tiled["kv"][3], tree["kv"][1])
+  gathered = decode.gather_beams(tiled, jnp.array([[2, 0, 0], [1, 1, 2]]))
+  assert gathered["index"].shape == ()
+  np.testing.assert_array_equal(gathered["kv"], tiled["kv"][jnp.array([2, 0, 0, 4, 4, 5])])
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_greedy_matches_numpy_reference(seed):
+  table = make_table(seed)
+  max_lengths = [4, 3, 2]
+  seqs = run_greedy(table, [0, 1, 2], max_lengths, max_len=4)
+  for b, m in enumerate(max_lengths):
+    assert seqs[b].tolist() == padded(greedy_reference(table, b, m), 4)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 2.0])
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_beam_size_one_equals_greedy(seed, alpha):
+  table = make_table(seed, max_len=5, eos_bias=0.5)
+  sentence_ids, max_lengths = [0, 1, 2], [5, 4, 5]
+  greedy = run_greedy(table, sentence_ids, max_lengths, max_len=5)
+  seqs, scores = run_beam(table, sentence_ids, max_lengths, 5, beam_size=1, alpha=alpha)
+  np.testing.assert_array_equal(seqs[:, 0], greedy)
+  # The score is the greedy sequence's length-penalized log probability.
+  for b in range(3):
+    tokens = greedy[b, : greedy[b].tolist().index(EOS) + 1].tolist()
+    lp = ((5.0 + len(tokens)) / 6.0) ** alpha
+    expected = sequence_log_prob(log_softmax64(table), b, tokens) / lp
+    assert scores[b, 0] == pytest.approx(expected, rel=1e-5, abs=1e-5)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.5])
+def test_wide_beam_is_exhaustive(alpha):
+  # Vocab 5, max_len 4: at most 16 * 5 = 80 extensions per step and 85 hypotheses, so a beam
+  # of 128 keeps everything, never fills its finished set and must enumerate all of them.
+  table = make_table(seed=5)
+  max_lengths = [4, 3, 2]
+  seqs, scores = run_beam(table, [0, 1, 2], max_lengths, 4, beam_size=128, alpha=alpha)
+  for b, m in enumerate(max_lengths):
+    hyps = all_hypotheses(table, b, m, alpha)
+    n = len(hyps)
+    assert np.all(np.isfinite(scores[b, :n])) and np.all(scores[b, n:] == -np.inf)
+    np.testing.assert_allclose(scores[b, :n], [h[0] for h in hyps], rtol=1e-5, atol=1e-5)
+    assert seqs[b, 0].tolist() == padded(hyps[0][1], 4)  # the best hypothesis
+    # Every returned hypothesis is one of the enumerated ones, each exactly once.
+    returned = {tuple(s) for s in seqs[b, :n].tolist()}
+    assert returned == {tuple(padded(h[1], 4)) for h in hyps}
+    assert not seqs[b, n:].any()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_early_stopping_keeps_the_best(seed):
+  # Beam search is not exact in general; for these tables (EOS likely, vocab 4, 3280
+  # hypotheses) a beam of 4 finds the optimum, and the early stop ends the loop before max_len.
+  max_len = 8
+  table = make_table(seed, num_sentences=1, max_len=max_len, vocab=4, eos_bias=2.0)
+  (seqs, scores), steps = count_steps(
+    lambda: run_beam(
+      table, [0], [max_len], max_len, beam_size=4, alpha=0.6, make_model=counting_toy_model
+    )
+  )
+  assert steps < max_len
+  best_score, best_tokens = all_hypotheses(table, 0, max_len, 0.6)[0]
+  assert seqs[0, 0].tolist() == padded(best_tokens, max_len)
+  assert scores[0, 0] == pytest.approx(best_score, rel=1e-5)
+  # All K returned hypotheses are distinct, sorted and scored correctly.
+  assert np.all(np.diff(scores[0]) <= 0) and len({tuple(x) for x in seqs[0].tolist()}) == 4
+  for row, score in zip(seqs[0], scores[0], strict=True):
+    tokens = row[: row.tolist().index(EOS) + 1].tolist()
+    lp = ((5.0 + len(tokens)) / 6.0) ** 0.6
+    assert score == pytest.approx(sequence_log_prob(log_softmax64(table), 0, tokens) / lp, rel=1e-5)
+
+
+@pytest.mark.parametrize("alpha", [0.6, 2.0])
+def test_early_stop_bound_allows_longer_hypotheses(alpha):
+  # Only EOS (p = 0.3) and token 2 (p = 0.7) are plausible at every step, so under a strong
+  # length penalty the longest hypothesis wins although every live prefix soon has a lower
+  # log prob than the finished ones: stopping must use lp(max_length), not the current lp.
+  max_len = 8
+  table = np.full((1, max_len, 4, 4, 4), -1e3)
+  table[..., EOS], table[..., 2] = np.log(0.3), np.log(0.7)
+  seqs, scores = run_beam(table, [0], [max_len], max_len, beam_size=2, alpha=alpha)
+  best_score, best_tokens = all_hypotheses(table, 0, max_len, alpha)[0]
+  if alpha == 2.0:
+    assert best_tokens == (2,) * (max_len - 1) + (EOS,)
+  assert seqs[0, 0].tolist() == padded(best_tokens, max_len)
+  assert scores[0, 0] == pytest.approx(best_score, rel=1e-5)
+
+
+def test_forced_eos_and_padding():
+  # EOS is never preferred, so every output ends at its max length with a forced EOS.
+  table = make_table(seed=7, max_len=6, eos_bias=-30.0)
+  max_lengths = [1, 2, 4, 9]  # 9 > max_len is clipped to 6
+  ends = [0, 1, 3, 5]
+  greedy = run_greedy(table, [0, 1, 2, 0], max_lengths, max_len=6)
+  seqs, scores = run_beam(table, [0, 1, 2, 0], max_lengths, 6, beam_size=3, alpha=0.6)
+  for b, end in enumerate(ends):
+    for row in [greedy[b]] + [s for s, sc in zip(seqs[b], scores[b], strict=True) if sc > -np.inf]:
+      assert row[end] == EOS
+      assert EOS not in row[:end].tolist()
+      assert not row[end + 1 :].any()
+  # A max length of 1 allows a single hypothesis, [EOS]; the other slots are empty.
+  assert seqs[0, 0].tolist() == [EOS, 0, 0, 0, 0, 0]
+  assert np.all(scores[0, 1:] == -np.inf) and not seqs[0, 1:].any()
+
+
+def test_outputs_are_padded_after_early_eos():
+  table = make_table(seed=3, max_len=5, eos_bias=1.5)
+  greedy = run_greedy(table, [0, 1, 2], [5, 5, 5], max_len=5)
+  seqs, scores = run_beam(table, [0, 1, 2], [5, 5, 5], 5, beam_size=4, alpha=0.6)
+  rows = list(greedy) + list(seqs.reshape(-1, 5)[np.isfinite(scores.reshape(-1))])
+  for row in rows:
+    end = row.tolist().index(EOS)
+    assert not row[end + 1 :].any()
+  assert any(row.tolist().index(EOS) < 4 for row in rows)  # the check is not vacuous
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_batched_equals_alone(beam_size):
+  table = make_table(seed=11, max_len=5, eos_bias=0.5)
+  sentence_ids, max_lengths = [2, 0, 1], [5, 3, 4]
+  greedy = run_greedy(table, sentence_ids, max_lengths, max_len=5)
+  seqs, scores = run_beam(table, sentence_ids, max_lengths, 5, beam_size=beam_size, alpha=0.6)
+  for b, (s, m) in enumerate(zip(sentence_ids, max_lengths, strict=True)):
+    np.testing.assert_array_equal(run_greedy(table, [s], [m], max_len=5)[0], greedy[b])
+    alone_seqs, alone_scores = run_beam(table, [s], [m], 5, beam_size=beam_size, alpha=0.6)
+    np.testing.assert_array_equal(alone_seqs[0], seqs[b])
+    np.testing.assert_allclose(alone_scores[0], scores[b], rtol=1e-6)
+
+
+def test_loops_stop_early():
+  # EOS dominates, so greedy needs 1 step and beam 2 needs 2 (then nothing live can beat the
+  # worst finished hypothesis), well before max_len = 6.
+  table = make_table(seed=0, max_len=6, eos_bias=20.0)
+  seqs, steps = count_steps(
+    lambda: run_greedy(table, [0, 1], [6, 6], 6, make_model=counting_toy_model)
+  )
+  assert seqs[:, 0].tolist() == [EOS, EOS] and steps == 1
+  (seqs, _), steps = count_steps(
+    lambda: run_beam(
+      table, [0, 1], [6, 6], 6, beam_size=2, alpha=0.6, make_model=counting_toy_model
+    )
+  )
+  assert seqs[:, 0, 0].tolist() == [EOS, EOS] and steps == 2
+
+
+def test_negative_alpha_is_rejected():
+  with pytest.raises(ValueError, match="alpha"):
+    run_beam(make_table(0), [0], [4], 4, beam_size=2, alpha=-0.5)

@@ -1,0 +1,280 @@
+"""Greedy decoding and beam search over an incremental-decoding (KV) cache.
+
+The model is abstracted as a pure function that advances the decoder by one token:
+
+  tokens_to_logits(ids: int32[B, 1], cache) -> (logits: float32[B, vocab], new_cache)
+
+`ids` is the previous token of every row (0, the BOS/padding id, at the first step) and
+`cache` is any PyTree. Every cache leaf with `ndim >= 1` must have the batch as its leading
+axis (e.g. cached keys/values `[B, max_len, heads, head_dim]`); scalar leaves (e.g. a cache
+index shared by all rows) are passed through untouched, never tiled or gathered, which is
+valid because all rows and beams advance in lockstep. The prefix is never re-run: each loop
+iteration calls `tokens_to_logits` exactly once on one token per row.
+
+Token ids: 0 is padding (and the first decoder input), 1 is end-of-sentence (EOS). Outputs
+are 0 after the EOS.
+
+Length convention: the length of a hypothesis counts the generated tokens including its EOS
+(not the initial 0). A hypothesis whose EOS is produced at step `t` (0-based) has length
+`t + 1`; `max_lengths[b]` is the largest such length, so EOS is forced at step
+`max_lengths[b] - 1`.
+
+Both decoders are jit-compatible: pass `tokens_to_logits` through a closure (or as a static
+argument) and keep `max_len`, `beam_size`, `alpha` and `eos_id` static.
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+PyTree = Any
+TokensToLogits = Callable[[jax.Array, PyTree], tuple[jax.Array, PyTree]]
+
+# Scores of impossible hypotheses: -inf is exact under + and / by positive numbers, and
+# lax.top_k ranks it last, so invalid beams never displace valid ones.
+NEG_INF = -np.inf
+
+
+def length_penalty(length: jax.Array | int, alpha: float) -> jax.Array:
+  """GNMT length penalty lp(length) = ((5 + length) / 6) ** alpha (Wu et al., 2016).
+
+  Args:
+    length: number of generated tokens including the EOS, any shape.
+    alpha: strength; 0 disables the penalty (lp = 1).
+
+  Returns:
+    float32 array of the shape of `length`.
+  """
+  return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
+
+
+def flatten_beams(x: jax.Array) -> jax.Array:
+  """Merges the batch and beam axes: [B, K, ...] -> [B * K, ...] (row b * K + k)."""
+  return x.reshape((x.shape[0] * x.shape[1],) + x.shape[2:])
+
+
+def unflatten_beams(x: jax.Array, batch_size: int) -> jax.Array:
+  """Splits the leading axis: [B * K, ...] -> [B, K, ...]; inverse of `flatten_beams`."""
+  return x.reshape((batch_size, x.shape[0] // batch_size) + x.shape[1:])
+
+
+def tile_beams(tree: PyTree, beam_size: int) -> PyTree:
+  """Repeats every batch row `beam_size` times: leaves [B, ...] -> [B * K, ...].
+
+  Scalar leaves are returned unchanged. Use it also for anything `tokens_to_logits` closes
+  over that has a batch axis (encoder outputs, source padding masks) before beam search.
+  """
+
+  def tile(x):
+    x = jnp.asarray(x)
+    return x if x.ndim == 0 else jnp.repeat(x, beam_size, axis=0)
+
+  return jax.tree.map(tile, tree)
+
+
+def gather_beams(tree: PyTree, beam_indices: jax.Array) -> PyTree:
+  """Selects beams per sentence in a flattened PyTree.
+
+  Args:
+    tree: leaves [B * K, ...] (row b * K + k), or scalars (returned unchanged).
+    beam_indices: int32[B, K_new], indices into the K beams of each sentence.
+
+  Returns:
+    The tree with leaves [B * K_new, ...]; new row (b, j) is old row (b, beam_indices[b, j]).
+  """
+  batch_size = beam_indices.shape[0]
+
+  def gather(x):
+    if x.ndim == 0:
+      return x
+    beam_size = x.shape[0] // batch_size
+    rows = jnp.arange(batch_size)[:, None] * beam_size + beam_indices
+    return jnp.take(x, rows.reshape(-1), axis=0)
+
+  return jax.tree.map(gather, tree)
+
+
+def _effective_max_lengths(max_lengths: jax.Array, batch_size: int, max_len: int) -> jax.Array:
+  max_lengths = jnp.asarray(max_lengths, jnp.int32)
+  if max_lengths.shape != (batch_size,):
+    raise ValueError(f"max_lengths has shape {max_lengths.shape}, expected ({batch_size},)")
+  # Every sequence needs room for at least its EOS, and no more than the output buffer.
+  return jnp.clip(max_lengths, 1, max_len)
+
+
+def greedy_decode(
+  tokens_to_logits: TokensToLogits,
+  cache: PyTree,
+  *,
+  batch_size: int,
+  max_lengths: jax.Array,
+  max_len: int,
+  eos_id: int = 1,
+) -> jax.Array:
+  """Greedy (argmax) decoding with an incremental cache.
+
+  Args:
+    tokens_to_logits: ids int32[B, 1], cache -> (logits float32[B, V], new cache).
+    cache: the decoder cache for batch size B (batch-leading leaves, scalars kept).
+    batch_size: B.
+    max_lengths: int32[B], the longest allowed output of each sentence (EOS included);
+      clipped to [1, max_len]. EOS is forced at step max_lengths[b] - 1.
+    max_len: static size of the output buffer.
+    eos_id: the EOS token id.
+
+  Returns:
+    int32[B, max_len]: each row ends with EOS (at index <= max_lengths[b] - 1) and is 0 after
+    it. The loop stops as soon as every row has produced its EOS.
+  """
+  max_lengths = _effective_max_lengths(max_lengths, batch_size, max_len)
+
+  def cond(state):
+    step, _, _, finished, _ = state
+    return (step < max_len) & ~jnp.all(finished)
+
+  def body(state):
+    step, seqs, last, finished, cache = state
+    logits, cache = tokens_to_logits(last[:, None], cache)
+    token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    token = jnp.where(step + 1 >= max_lengths, eos_id, token)
+    # Rows already finished emit padding; their model outputs are ignored.
+    token = jnp.where(finished, 0, token)
+    seqs = jax.lax.dynamic_update_slice(seqs, token[:, None], (0, step))
+    finished = finished | (token == eos_id)
+    return step + 1, seqs, token, finished, cache
+
+  state = (
+    jnp.array(0, jnp.int32),
+    jnp.zeros((batch_size, max_len), jnp.int32),
+    jnp.zeros((batch_size,), jnp.int32),
+    jnp.zeros((batch_size,), bool),
+    cache,
+  )
+  _, seqs, _, _, _ = jax.lax.while_loop(cond, body, state)
+  return seqs
+
+
+def beam_search(
+  tokens_to_logits: TokensToLogits,
+  cache: PyTree,
+  *,
+  batch_size: int,
+  beam_size: int = 4,
+  alpha: float = 0.6,
+  max_lengths: jax.Array,
+  max_len: int,
+  eos_id: int = 1,
+) -> tuple[jax.Array, jax.Array]:
+  """Beam search with the GNMT length penalty and an incremental cache.
+
+  Per sentence the search holds up to K = `beam_size` live hypotheses (ranked by log
+  probability) and the K best finished ones (ranked by score = log_prob / lp(length), with
+  `length_penalty`). At every step all K * V one-token extensions of the live hypotheses are
+  ranked by log probability and the top K form the new beam: those ending in EOS are moved to
+  the finished set, the others stay live. With K = 1 this is exactly greedy decoding (the top
+  extension is the argmax; once it is EOS nothing is left live). With K at least the number
+  of extensions at every step, the search is exhaustive.
+
+  A sentence stops (its results are frozen) once no live hypothesis can beat the worst of
+  its K finished ones: log probs are <= 0 and, for alpha >= 0, lp grows with length, so a
+  live hypothesis can at best reach live_log_prob / lp(max_lengths[b]). The loop ends when
+  every sentence has stopped, at the latest after max_len steps. EOS is forced at step
+  max_lengths[b] - 1. The cache is tiled to B * K rows and reordered by the chosen beams
+  every step.
+
+  Args:
+    tokens_to_logits: ids int32[B * K, 1], cache -> (logits float32[B * K, V], new cache).
+      Anything it closes over with a batch axis must already be tiled (`tile_beams`).
+    cache: the decoder cache for batch size B (it is tiled here); scalar leaves are kept.
+    batch_size: B.
+    beam_size: K.
+    alpha: length-penalty strength, >= 0 (0.6 in the paper's setup).
+    max_lengths: int32[B], longest allowed output per sentence (EOS included); clipped to
+      [1, max_len].
+    max_len: static size of the output buffer.
+    eos_id: the EOS token id.
+
+  Returns:
+    sequences: int32[B, K, max_len], best first, 0 after the EOS.
+    scores: float32[B, K], log_prob / lp(length), descending. A sentence that finished no
+      hypothesis falls back to its live ones (scored log_prob / lp(steps run)). Slots with no
+      hypothesis (fewer than K exist) have score -inf and an all-zero sequence.
+  """
+  if alpha < 0:
+    raise ValueError(f"alpha must be >= 0 for the early-stopping bound, got {alpha}")
+  k = beam_size
+  max_lengths = _effective_max_lengths(max_lengths, batch_size, max_len)
+  best_possible_lp = length_penalty(max_lengths, alpha)  # [B]
+
+  def cond(state):
+    return (state["step"] < max_len) & ~jnp.all(state["done"])
+
+  def body(state):
+    step, done = state["step"], state["done"]
+    logits, cache = tokens_to_logits(flatten_beams(state["live_last"])[:, None], state["cache"])
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    log_probs = unflatten_beams(log_probs, batch_size)  # [B, K, V]
+    vocab = log_probs.shape[-1]
+    forced = (step + 1 >= max_lengths)[:, None, None]
+    log_probs = jnp.where(forced & (jnp.arange(vocab) != eos_id), NEG_INF, log_probs)
+
+    # The new beam: top K of all K * V extensions by total log prob.
+    ext = state["live_log_probs"][:, :, None] + log_probs
+    top_log_probs, top_flat = jax.lax.top_k(ext.reshape(batch_size, k * vocab), k)
+    parent = top_flat // vocab  # [B, K]
+    token = (top_flat % vocab).astype(jnp.int32)
+    seqs = jnp.take_along_axis(state["live_seqs"], parent[:, :, None], axis=1)
+    seqs = jax.lax.dynamic_update_slice(seqs, token[:, :, None], (0, 0, step))
+    is_eos = token == eos_id
+
+    # Finished: merge the new EOS hypotheses into the K best; old ones win ties (come first).
+    new_scores = jnp.where(is_eos, top_log_probs / length_penalty(step + 1, alpha), NEG_INF)
+    all_scores = jnp.concatenate([state["fin_scores"], new_scores], axis=1)
+    all_seqs = jnp.concatenate([state["fin_seqs"], seqs], axis=1)
+    fin_scores, fin_idx = jax.lax.top_k(all_scores, k)
+    fin_seqs = jnp.take_along_axis(all_seqs, fin_idx[:, :, None], axis=1)
+
+    # Live: the non-EOS members of the beam; EOS slots become empty (-inf).
+    live_log_probs = jnp.where(is_eos, NEG_INF, top_log_probs)
+    cache = gather_beams(cache, parent)
+
+    # Stopped sentences keep their results, so they do not depend on the rest of the batch.
+    keep = done[:, None]
+    new_state = {
+      "step": step + 1,
+      "live_seqs": jnp.where(keep[:, :, None], state["live_seqs"], seqs),
+      "live_log_probs": jnp.where(keep, state["live_log_probs"], live_log_probs),
+      "live_last": jnp.where(keep, state["live_last"], token),
+      "fin_seqs": jnp.where(keep[:, :, None], state["fin_seqs"], fin_seqs),
+      "fin_scores": jnp.where(keep, state["fin_scores"], fin_scores),
+      "cache": cache,
+    }
+    best_live = jnp.max(new_state["live_log_probs"], axis=1) / best_possible_lp
+    worst_finished = jnp.min(new_state["fin_scores"], axis=1)  # -inf until K finished
+    new_state["done"] = done | (best_live <= worst_finished)
+    return new_state
+
+  # Only beam 0 is live at the start, so the K identical initial beams do not yield K copies
+  # of each extension.
+  init_log_probs = jnp.full((batch_size, k), NEG_INF, jnp.float32).at[:, 0].set(0.0)
+  state = {
+    "step": jnp.array(0, jnp.int32),
+    "live_seqs": jnp.zeros((batch_size, k, max_len), jnp.int32),
+    "live_log_probs": init_log_probs,
+    "live_last": jnp.zeros((batch_size, k), jnp.int32),
+    "fin_seqs": jnp.zeros((batch_size, k, max_len), jnp.int32),
+    "fin_scores": jnp.full((batch_size, k), NEG_INF, jnp.float32),
+    "done": jnp.zeros((batch_size,), bool),
+    "cache": tile_beams(cache, k),
+  }
+  state = jax.lax.while_loop(cond, body, state)
+
+  any_finished = jnp.any(state["fin_scores"] > NEG_INF, axis=1)[:, None]
+  live_scores = state["live_log_probs"] / length_penalty(state["step"], alpha)
+  sequences = jnp.where(any_finished[:, :, None], state["fin_seqs"], state["live_seqs"])
+  scores = jnp.where(any_finished, state["fin_scores"], live_scores)
+  sequences = jnp.where((scores > NEG_INF)[:, :, None], sequences, 0)
+  return sequences, scores
