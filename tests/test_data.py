@@ -118,7 +118,7 @@ def tokenizer(texts, tmp_path_factory):
 
 
 def test_tokenizer_round_trip_and_eos(tokenizer, texts):
-  assert tokenizer.vocab_size <= 300
+  assert tokenizer.vocab_size == 300
   for text in texts[:100]:
     ids = tokenizer.encode(text)
     assert ids[-1] == EOS_ID and EOS_ID not in ids[:-1] and 0 not in ids
@@ -159,8 +159,16 @@ def test_get_tokenizer_trains_once_then_reuses(tmp_path):
   again = ip.get_tokenizer(config, str(tmp_path), [])  # Reused: needs no training data.
   assert path.stat().st_mtime_ns == stamp
   assert again.encode(pairs[0][1]) == tok.encode(pairs[0][1])
-  with pytest.raises(DataError, match="vocab_size"):
-    ip.get_tokenizer(make_config(vocab_size=10), str(tmp_path), pairs)
+  with pytest.raises(DataError, match="vocab_size"):  # The stored vocabulary has 300 ids.
+    ip.get_tokenizer(make_config(vocab_size=250), str(tmp_path), pairs)
+
+
+def test_get_tokenizer_vocab_too_large_is_data_error(tmp_path):
+  pairs = list(nb.generate("train", 20))
+  with pytest.raises(DataError, match=r"config.data.vocab_size=5000 .* at most \d+"):
+    ip.get_tokenizer(make_config(vocab_size=5000), str(tmp_path), pairs)
+  assert not (tmp_path / "vocab" / "spm.model").exists()
+  assert os.listdir(tmp_path / "vocab") == []  # No temporary files left behind.
 
 
 # --- training batches ---------------------------------------------------------------------------

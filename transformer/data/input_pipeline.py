@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from transformer.data.errors import DataError
-from transformer.data.tokenizer import EOS_ID, Tokenizer
+from transformer.data.tokenizer import EOS_ID, Tokenizer, VocabSizeError
 
 SPLITS = ("train", "validation", "test")
 WMT14_NAME = "wmt14_translate/de-en"
@@ -140,6 +140,9 @@ def load_splits(config: Any) -> dict[str, list[tuple[str, str]]]:
 def get_tokenizer(config: Any, workdir: str, train_pairs: Sequence[tuple[str, str]]) -> Tokenizer:
   """Loads `<workdir>/vocab/spm.model`, or trains it on a sample of the training pairs.
 
+  The vocabulary has exactly `config.data.vocab_size` ids (else `DataError`: a stored one of
+  another size, or a training text too small for that many pieces).
+
   The sample is `config.data.spm_train_sentences` pairs (both sides) drawn with
   `config.seed`, so training is deterministic: processes sharing a workdir write identical
   files (atomically), and a resumed run reuses the stored vocabulary.
@@ -154,14 +157,19 @@ def get_tokenizer(config: Any, workdir: str, train_pairs: Sequence[tuple[str, st
     rng = np.random.default_rng([config.seed, 1])
     idx = np.sort(rng.choice(len(train_pairs), size=n, replace=False))
     texts = (s for i in idx.tolist() for s in train_pairs[i])
-    tok = Tokenizer.train(
-      texts,
-      os.path.join(workdir, "vocab", "spm"),
-      config.data.vocab_size,
-      input_sentence_size=2 * n,
-      seed=config.seed,
-    )
-  if tok.vocab_size > config.data.vocab_size:
+    try:
+      tok = Tokenizer.train(
+        texts,
+        os.path.join(workdir, "vocab", "spm"),
+        config.data.vocab_size,
+        seed=config.seed,
+      )
+    except VocabSizeError as e:
+      raise DataError(
+        f"config.data.vocab_size={config.data.vocab_size} is too large for the "
+        f"{config.dataset} training sample: SentencePiece can make at most {e.max_size} pieces"
+      ) from None
+  if tok.vocab_size != config.data.vocab_size:
     raise DataError(
       f"{path} has {tok.vocab_size} ids but config.data.vocab_size is "
       f"{config.data.vocab_size}: use a new workdir or a matching vocab_size"

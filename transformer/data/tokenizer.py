@@ -8,6 +8,7 @@ right, with 0 in front).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterable, Sequence
@@ -21,6 +22,14 @@ from transformer.data.errors import DataError
 PAD_ID = 0
 EOS_ID = 1
 UNK_ID = 2
+
+
+class VocabSizeError(DataError):
+  """The training text cannot support the requested vocabulary size."""
+
+  def __init__(self, message: str, max_size: int):
+    super().__init__(message)
+    self.max_size = max_size
 
 
 class Tokenizer:
@@ -39,7 +48,7 @@ class Tokenizer:
     *,
     model_type: str = "unigram",
     character_coverage: float = 1.0,
-    input_sentence_size: int = 10_000_000,
+    input_sentence_size: int = 0,
     max_sentence_length: int = 4192,
     num_threads: int | None = None,
     seed: int = 0,
@@ -53,11 +62,11 @@ class Tokenizer:
       texts: training sentences; the first `input_sentence_size` are used (in order: the
         caller samples, so that training is deterministic).
       model_prefix: output path without extension; its directory is created if needed.
-      vocab_size: the largest vocabulary size; fewer pieces are kept if the text does not
-        support that many (so tiny corpora still train), see `vocab_size` of the result.
+      vocab_size: the exact number of ids; `VocabSizeError` if the text cannot support that
+        many pieces.
       model_type: 'unigram' or 'bpe'.
       character_coverage: fraction of characters covered by the vocabulary.
-      input_sentence_size: cap on the number of training sentences.
+      input_sentence_size: cap on the number of training sentences (0: no cap; else > 100).
       max_sentence_length: longer sentences (in bytes) are skipped by SentencePiece.
       num_threads: trainer threads (default: all CPUs).
       seed: SentencePiece's random seed (it also shuffles nothing: input order is kept).
@@ -71,23 +80,33 @@ class Tokenizer:
     tmp_dir = tempfile.mkdtemp(prefix=".spm-tmp-", dir=out_dir)
     try:
       tmp_prefix = os.path.join(tmp_dir, "spm")
-      spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(texts),
-        model_prefix=tmp_prefix,
-        vocab_size=vocab_size,
-        model_type=model_type,
-        character_coverage=character_coverage,
-        input_sentence_size=input_sentence_size,
-        shuffle_input_sentence=False,
-        max_sentence_length=max_sentence_length,
-        num_threads=num_threads or os.cpu_count() or 1,
-        hard_vocab_limit=False,
-        pad_id=PAD_ID,
-        eos_id=EOS_ID,
-        unk_id=UNK_ID,
-        bos_id=-1,
-        minloglevel=2,
-      )
+      try:
+        spm.SentencePieceTrainer.train(
+          sentence_iterator=iter(texts),
+          model_prefix=tmp_prefix,
+          vocab_size=vocab_size,
+          model_type=model_type,
+          character_coverage=character_coverage,
+          input_sentence_size=input_sentence_size,
+          shuffle_input_sentence=False,
+          max_sentence_length=max_sentence_length,
+          num_threads=num_threads or os.cpu_count() or 1,
+          hard_vocab_limit=True,
+          pad_id=PAD_ID,
+          eos_id=EOS_ID,
+          unk_id=UNK_ID,
+          bos_id=-1,
+          minloglevel=2,
+        )
+      except RuntimeError as e:
+        found = re.search(r"Vocabulary size too high .*<= (\d+)", str(e))
+        if found is None:
+          raise
+        raise VocabSizeError(
+          f"cannot train {vocab_size} pieces for {model_prefix}.model: the text supports at "
+          f"most {found.group(1)}",
+          int(found.group(1)),
+        ) from None
       # The model records its (random) temporary prefix: store the final one instead, so that
       # equal inputs give byte-identical files.
       proto = sp_model.ModelProto()
