@@ -1,0 +1,201 @@
+"""The Transformer modules: masking, positional encodings, parameter counts, cache, reuse."""
+
+import dataclasses
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from configs import wmt
+from transformer.model import (
+  Encoder,
+  FeedForward,
+  MultiHeadAttention,
+  Transformer,
+  TransformerConfig,
+  sinusoidal_positions,
+)
+from transformer.translate import init_cache
+
+TINY = TransformerConfig(vocab_size=40, num_layers=2, d_model=32, d_ff=64, num_heads=4,
+                         max_len=32, dropout_rate=0.0)
+
+
+def _tokens(rng, shape, vocab=40):
+  return jnp.asarray(rng.integers(2, vocab, size=shape), jnp.int32)
+
+
+def _init(cfg, src, tgt):
+  return jax.jit(Transformer(cfg).init)(jax.random.key(0), src, tgt)
+
+
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_decoder_is_causal(scan_layers):
+  cfg = dataclasses.replace(TINY, scan_layers=scan_layers)
+  rng = np.random.default_rng(0)
+  src, tgt = _tokens(rng, (2, 7)), _tokens(rng, (2, 9))
+  variables = _init(cfg, src, tgt)
+  logits = jax.jit(Transformer(cfg).apply)(variables, src, tgt)
+  changed = tgt.at[:, 5:].set(_tokens(rng, (2, 4)))
+  logits2 = jax.jit(Transformer(cfg).apply)(variables, src, changed)
+  # Target token i is predicted from tokens < i (shifted right), so positions <= 5 agree.
+  np.testing.assert_allclose(logits[:, :6], logits2[:, :6], atol=1e-5)
+  assert not np.allclose(logits[:, 6:], logits2[:, 6:])
+
+
+def test_padded_source_tokens_change_nothing():
+  rng = np.random.default_rng(1)
+  src = _tokens(rng, (2, 8)).at[:, 5:].set(0)
+  tgt = _tokens(rng, (2, 6))
+  variables = _init(TINY, src, tgt)
+  logits = jax.jit(Transformer(TINY).apply)(variables, src, tgt)
+  # Padding positions hold 0; the model must ignore whatever sits there after encoding,
+  # so compare against a longer padded source too.
+  longer = jnp.pad(src, ((0, 0), (0, 4)))
+  logits2 = jax.jit(Transformer(TINY).apply)(variables, longer, tgt)
+  np.testing.assert_allclose(logits, logits2, atol=1e-5)
+
+
+def test_sinusoidal_positions_follow_the_formula():
+  pe = sinusoidal_positions(50, 16)
+  for pos in (0, 1, 7, 49):
+    for i in range(8):
+      np.testing.assert_allclose(pe[pos, 2 * i], np.sin(pos / 10000 ** (2 * i / 16)), atol=1e-6)
+      np.testing.assert_allclose(pe[pos, 2 * i + 1], np.cos(pos / 10000 ** (2 * i / 16)),
+                                 atol=1e-6)
+
+
+def _count_params(cfg):
+  shapes = jax.eval_shape(
+    lambda: Transformer(cfg).init(jax.random.key(0), jnp.ones((1, 4), jnp.int32),
+                                  jnp.ones((1, 4), jnp.int32))["params"]
+  )
+  return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nn.unbox(shapes)))
+
+
+@pytest.mark.parametrize("variant,expected_millions", [("base", 63), ("big", 214)])
+def test_parameter_counts_of_the_paper_models(variant, expected_millions):
+  cfg = TransformerConfig(**wmt.get_config(variant).model)
+  n = _count_params(cfg)
+  assert abs(n / 1e6 - expected_millions) < 1.0, n
+
+
+@pytest.mark.parametrize("scan_layers", [False, True])
+@pytest.mark.parametrize("positional", ["sinusoidal", "learned"])
+def test_cached_decoding_equals_full_forward(scan_layers, positional):
+  cfg = dataclasses.replace(TINY, scan_layers=scan_layers, positional=positional)
+  rng = np.random.default_rng(2)
+  src = _tokens(rng, (3, 6)).at[1, 4:].set(0)
+  tgt = _tokens(rng, (3, 7))
+  variables = _init(cfg, src, tgt)
+  full = jax.jit(Transformer(cfg).apply)(variables, src, tgt)
+  encoded = Transformer(cfg).apply(variables, src, method=Transformer.encode)
+  cache = init_cache(cfg, 3, 6, 7)
+  tgt_in = jnp.pad(tgt, ((0, 0), (1, 0)))[:, :-1]
+  step_model = Transformer(cfg, incremental=True)
+
+  @jax.jit
+  def step(cache, token):
+    logits, mutated = step_model.apply(
+      {"params": variables["params"], "cache": cache}, encoded, src, token,
+      method=Transformer.decode_logits, mutable=["cache"],
+    )
+    return logits, mutated["cache"]
+
+  steps = []
+  for t in range(7):
+    logits, cache = step(cache, tgt_in[:, t:t + 1])
+    steps.append(logits)
+  np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=2e-5)
+
+
+@pytest.mark.parametrize("heads", [1, 2, 4, 8, 16, 32])
+def test_every_head_count_builds_and_runs(heads):
+  cfg = TransformerConfig(vocab_size=64, num_layers=1, d_model=512, d_ff=64, num_heads=heads,
+                          max_len=16, dropout_rate=0.0)
+  src = jnp.ones((1, 5), jnp.int32)
+  variables = _init(cfg, src, src)
+  q = variables["params"]["encoder"]["layer_0"]["self_attention"]["query"]
+  assert nn.unbox(q)["kernel"].shape == (512, heads, 512 // heads)
+  out = jax.jit(Transformer(cfg).apply)(variables, src, src)
+  assert out.shape == (1, 5, 64) and np.all(np.isfinite(out))
+
+
+def test_head_count_that_does_not_divide_d_model_names_num_heads():
+  with pytest.raises(ValueError, match="num_heads"):
+    TransformerConfig(d_model=512, num_heads=7)
+
+
+def test_bfloat16_compute_keeps_float32_params_and_stays_close():
+  rng = np.random.default_rng(3)
+  src, tgt = _tokens(rng, (2, 6)), _tokens(rng, (2, 5))
+  variables = _init(TINY, src, tgt)
+  bf16 = dataclasses.replace(TINY, dtype="bfloat16")
+  assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(nn.unbox(_init(bf16, src, tgt))))
+  out32 = jax.jit(Transformer(TINY).apply)(variables, src, tgt)
+  out16 = jax.jit(Transformer(bf16).apply)(variables, src, tgt)
+  assert out16.dtype == jnp.float32  # logits are float32 whatever the compute dtype
+  np.testing.assert_allclose(out16, out32, atol=0.1)
+  p32, p16 = jax.nn.softmax(out32), jax.nn.softmax(out16)
+  assert float(jnp.abs(p32 - p16).max()) < 0.02
+
+
+def test_every_parameter_has_logical_axis_names():
+  rng = np.random.default_rng(4)
+  src = _tokens(rng, (1, 4))
+  params = _init(dataclasses.replace(TINY, positional="learned"), src, src)["params"]
+  leaves = jax.tree.leaves(params, is_leaf=lambda x: isinstance(x, nn.Partitioned))
+  assert leaves and all(isinstance(x, nn.Partitioned) for x in leaves)
+  names = {n for x in leaves for n in x.names if n is not None}
+  assert {"embed", "heads", "kv", "mlp", "vocab"} <= names
+
+
+def test_dropout_only_in_training():
+  cfg = dataclasses.replace(TINY, dropout_rate=0.3)
+  rng = np.random.default_rng(5)
+  src, tgt = _tokens(rng, (2, 6)), _tokens(rng, (2, 5))
+  variables = _init(cfg, src, tgt)
+  model = Transformer(cfg)
+  a = model.apply(variables, src, tgt)
+  b = model.apply(variables, src, tgt)
+  np.testing.assert_array_equal(a, b)
+  c = model.apply(variables, src, tgt, train=True, rngs={"dropout": jax.random.key(1)})
+  assert not np.allclose(a, c)
+
+
+class _Classifier(nn.Module):
+  """Another Linen model that reuses the encoder and an attention layer."""
+
+  @nn.compact
+  def __call__(self, tokens):
+    x = Encoder(TINY)(tokens)
+    x = MultiHeadAttention(num_heads=2, d_model=32)(x, kv_mask=tokens > 0)
+    x = FeedForward(d_model=32, d_ff=16)(x)
+    return nn.Dense(3)(x.mean(axis=1))
+
+
+def test_modules_are_reusable_in_other_linen_code():
+  tokens = jnp.array([[3, 4, 5, 0], [6, 7, 0, 0]])
+  model = _Classifier()
+  variables = model.init(jax.random.key(0), tokens)
+  out = model.apply(variables, tokens)
+  assert out.shape == (2, 3)
+  grads = jax.jit(jax.grad(lambda v: model.apply(v, tokens).sum()))(variables)
+  assert all(np.all(np.isfinite(g)) for g in jax.tree.leaves(grads))
+
+
+def test_modules_work_from_nnx_through_the_bridge():
+  x = jnp.ones((2, 5, 32))
+  # Logical axis names need a mesh to become shardings; without one, NNX must not shard
+  # variables eagerly.
+  with nnx.use_eager_sharding(False):
+    layer = nnx.bridge.ToNNX(MultiHeadAttention(num_heads=4, d_model=32), rngs=nnx.Rngs(0))
+    nnx.bridge.lazy_init(layer, x)
+    y = layer(x)
+  assert y.shape == (2, 5, 32)
+  params = nn.unbox(nnx.to_pure_dict(nnx.state(layer, nnx.Param)))
+  reference = MultiHeadAttention(num_heads=4, d_model=32).apply({"params": params}, x)
+  np.testing.assert_allclose(y, reference, atol=1e-6)
