@@ -31,6 +31,7 @@ def make_config(**data) -> ml_collections.ConfigDict:
       tokens_per_batch=512,
       bucket_lengths=[8, 16, 32, 48],
       eval_batch_size=10,
+      numbers_variant="tiny",
     )
   )
   config.data.update(data)
@@ -88,8 +89,16 @@ def test_corpus_content_and_disjoint_splits(numbers_dir):
   assert max(used["train"]) > 100_000
 
 
-def test_load_splits_numbers_direction(numbers_dir, monkeypatch):
-  monkeypatch.setattr(ip, "NUMBERS_CONFIG_NAME", "tiny")
+def test_fast_reader_matches_tfds_reader(numbers_dir):
+  builder = nb.NumbersTranslate(config="tiny", data_dir=numbers_dir)
+  slow = ip.read_pairs(builder.as_dataset(split="train", shuffle_files=False), "en", "de")
+  assert ip.read_split(builder, "train", "en", "de") == slow
+  assert ip.read_split(builder, "test", "de", "en")[:3] == [
+    (d, e) for e, d in nb.load_numbers("test", numbers_dir, "tiny")[:3]
+  ]
+
+
+def test_load_splits_numbers_direction(numbers_dir):
   config = make_config()
   config.data_dir = numbers_dir
   splits = ip.load_splits(config)
@@ -99,9 +108,11 @@ def test_load_splits_numbers_direction(numbers_dir, monkeypatch):
   assert ip.load_splits(config)["test"] == [(d, e) for e, d in splits["test"]]
 
 
-def test_bad_language_pair_is_data_error():
+def test_bad_language_pair_or_variant_is_data_error():
   with pytest.raises(DataError, match="source_lang"):
     ip.load_splits(make_config(source_lang="fr"))
+  with pytest.raises(DataError, match="numbers_variant"):
+    ip.load_splits(make_config(numbers_variant="huge"))
 
 
 # --- tokenizer ----------------------------------------------------------------------------------
@@ -299,8 +310,7 @@ def test_eval_batches_cover_everything_with_fixed_rows():
 # --- end to end and WMT -------------------------------------------------------------------------
 
 
-def test_build_pipeline_on_numbers(numbers_dir, tmp_path, monkeypatch):
-  monkeypatch.setattr(ip, "NUMBERS_CONFIG_NAME", "tiny")
+def test_build_pipeline_on_numbers(numbers_dir, tmp_path):
   config = make_config(max_source_len=64, max_target_len=64, bucket_lengths=[16, 32, 64])
   config.data_dir = numbers_dir
   pipe = ip.build_pipeline(config, str(tmp_path), batch_multiple=8)

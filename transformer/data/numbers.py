@@ -204,8 +204,8 @@ def load_numbers(
   split: str, data_dir: str | None, config_name: str = "default"
 ) -> list[tuple[str, str]]:
   """Reads one split as (english, german) pairs in file order, building it first if needed."""
-  from transformer.data.input_pipeline import read_pairs
+  from transformer.data.input_pipeline import read_split
 
   build_numbers(data_dir, config_name)
   builder = NumbersTranslate(config=config_name, data_dir=_expand(data_dir))
-  return read_pairs(builder.as_dataset(split=split, shuffle_files=False), "en", "de")
+  return read_split(builder, split, "en", "de")
