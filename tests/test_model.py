@@ -119,7 +119,7 @@ def test_every_head_count_builds_and_runs(heads):
   src = jnp.ones((1, 5), jnp.int32)
   variables = _init(cfg, src, src)
   q = variables["params"]["encoder"]["layer_0"]["self_attention"]["query"]
-  assert nn.unbox(q)["kernel"].shape == (512, heads, 512 // heads)
+  assert nn.unbox(q).shape == (512, heads, 512 // heads)
   out = jax.jit(Transformer(cfg).apply)(variables, src, src)
   assert out.shape == (1, 5, 64) and np.all(np.isfinite(out))
 

@@ -8,6 +8,7 @@ stderr naming the field or path, and exit status 2.
 
 from __future__ import annotations
 
+import logging as std_logging
 import os
 import sys
 
@@ -65,7 +66,18 @@ def parse_flags(argv: list[str]) -> list[str]:
     _fail(f"--config: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e) else ''}")
 
 
+class _OwnInfoOnly(std_logging.Filter):
+  """Shows INFO lines of this project only; libraries' INFO chatter (Orbax, TFDS) is hidden."""
+
+  def filter(self, record: std_logging.LogRecord) -> bool:
+    return record.levelno >= std_logging.WARNING or _PROJECT_DIR in record.pathname
+
+
+_PROJECT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
 def main(argv: list[str]) -> None:
+  logging.get_absl_handler().addFilter(_OwnInfoOnly())
   if len(argv) > 1:
     _fail(f"unexpected arguments {' '.join(argv[1:])!r}; fields are set with --config.field=value")
   if _CONFIG.value is None:

@@ -71,16 +71,12 @@ class MetricWriter:
     if not self._tensorboard:
       return
     if self._tb is None:
-      import tensorflow as tf  # host-only; kept off any GPU by the data module
+      from tensorboardX import SummaryWriter
 
-      tf.config.set_visible_devices([], "GPU")
-      self._tb = tf.summary.create_file_writer(self._tb_dir)
-    import tensorflow as tf
-
-    with self._tb.as_default():
-      for k, v in record.items():
-        if k != "step" and isinstance(v, int | float):
-          tf.summary.scalar(k, v, step=step)
+      self._tb = SummaryWriter(self._tb_dir)
+    for k, v in record.items():
+      if k != "step" and isinstance(v, int | float):
+        self._tb.add_scalar(k, v, global_step=step)
     self._tb.flush()
 
   def close(self) -> None:

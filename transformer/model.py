@@ -50,7 +50,8 @@ class TransformerConfig:
   attention_chunk_size: int = 128
   scan_layers: bool = False  # nn.scan over layers: compile time independent of depth
   remat: str = "none"  # rematerialisation per layer: none | full | dots
-  kind: str = "transformer"  # model family, read by models.build_model
+  kind: str = "transformer"  # model family: transformer | lstm (the baseline in rnn.py)
+  lstm_attention: bool = True  # lstm only: attention over the encoder states
 
   def __post_init__(self):
     for name in ("vocab_size", "num_layers", "d_model", "d_ff", "num_heads", "max_len"):
@@ -145,15 +146,20 @@ class MultiHeadAttention(nn.Module):
     self_attention = inputs_kv is None
     inputs_kv = inputs_q if self_attention else inputs_kv
 
-    def project(name):
-      return nn.DenseGeneral(
-        features=(self.num_heads, head_dim), axis=-1, use_bias=False, dtype=self.dtype,
-        param_dtype=jnp.float32, kernel_init=_init(("embed", "heads", "kv")), name=name,
-      )
+    d_in_q, d_in_kv = inputs_q.shape[-1], inputs_kv.shape[-1]
+    # W^Q, W^K, W^V: [d, h, k] per head; Glorot fans over the input and the concatenated heads.
+    proj_init = nn.initializers.xavier_uniform(in_axis=0, out_axis=(1, 2))
 
-    query = project("query")(inputs_q)  # [b, q, h, k]
-    key = project("key")(inputs_kv)  # [b, kv, h, k]
-    value = project("value")(inputs_kv)  # [b, kv, h, k]
+    def weight(name, d_in):
+      w = self.param(name, _init(("embed", "heads", "kv"), proj_init),
+                     (d_in, self.num_heads, head_dim), jnp.float32)
+      return w.astype(self.dtype)
+
+    inputs_q = inputs_q.astype(self.dtype)
+    inputs_kv = inputs_kv.astype(self.dtype)
+    query = jnp.einsum("bqd,dhk->bqhk", inputs_q, weight("query", d_in_q))
+    key = jnp.einsum("bsd,dhk->bshk", inputs_kv, weight("key", d_in_kv))
+    value = jnp.einsum("bsd,dhk->bshk", inputs_kv, weight("value", d_in_kv))
 
     if self.decode and self_attention:
       key, value, mask, kv_mask, is_causal = self._update_cache(key, value, mask, kv_mask,
@@ -167,10 +173,13 @@ class MultiHeadAttention(nn.Module):
       dropout_rate=self.dropout_rate, dropout_rng=dropout_rng, deterministic=deterministic,
       implementation=self.implementation, chunk_size=self.chunk_size,
     )  # [b, q, h, k]
-    return nn.DenseGeneral(
-      features=self.d_model, axis=(-2, -1), use_bias=False, dtype=self.dtype,
-      param_dtype=jnp.float32, kernel_init=_init(("heads", "kv", "embed")), name="out",
-    )(x)
+    # W^O: [h, k, d]; the einsum over (h, k) is Concat(head_1..head_h) W^O.
+    w_o = self.param(
+      "out", _init(("heads", "kv", "embed"),
+                   nn.initializers.xavier_uniform(in_axis=(0, 1), out_axis=2)),
+      (self.num_heads, head_dim, self.d_model), jnp.float32,
+    )
+    return jnp.einsum("bqhk,hkd->bqd", x, w_o.astype(self.dtype))
 
   def _update_cache(self, key, value, mask, kv_mask, is_causal):
     initialized = self.has_variable("cache", "cached_key")
