@@ -25,6 +25,7 @@ def base_config() -> config_dict.ConfigDict:
   config.data.bucket_lengths = [16, 32, 64]
   config.data.eval_batch_size = 256  # global
   config.data.download = False  # allow TFDS to download and prepare missing data
+  config.data.numbers_variant = "default"  # numbers corpus size: default (200k) | tiny (2k)
 
   # Every field of TransformerConfig, so `TransformerConfig(**config.model)` works.
   config.model = config_dict.ConfigDict(dataclasses.asdict(TransformerConfig()))

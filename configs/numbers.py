@@ -48,6 +48,7 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   config.decode.max_extra_len = 10
 
   if variant == "tiny":
+    config.data.numbers_variant = "tiny"
     config.data.spm_train_sentences = 2000
     config.data.tokens_per_batch = 512
     config.data.bucket_lengths = [32, 64]

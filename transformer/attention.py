@@ -226,9 +226,9 @@ def _chunked_attention(query, key, value, mask, kv_mask, is_causal, dropout_rate
       jnp.zeros((batch, heads, qc), jnp.float32),
       jnp.zeros((batch, qc, heads, dv), jnp.float32),
     )
-    (_, l, acc), _ = lax.scan(kv_step, init, jnp.arange(nk))
-    l = jnp.swapaxes(l, 1, 2)[..., None]  # [b, qc, h, 1]
-    return jnp.where(l > 0, acc / jnp.where(l > 0, l, 1.0), 0.0)
+    (_, denom, acc), _ = lax.scan(kv_step, init, jnp.arange(nk))
+    denom = jnp.swapaxes(denom, 1, 2)[..., None]  # [b, qc, h, 1]
+    return jnp.where(denom > 0, acc / jnp.where(denom > 0, denom, 1.0), 0.0)
 
   out = lax.map(query_block, jnp.arange(nq))  # [nq, b, qc, h, dv]
   out = jnp.moveaxis(out, 0, 1).reshape(batch, nq * qc, heads, dv)[:, :q_len]

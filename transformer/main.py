@@ -60,10 +60,26 @@ def parse_flags(argv: list[str]) -> list[str]:
   """absl's parsing, but a bad flag or config file is one line and exit status 2."""
   try:
     return FLAGS(argv)
-  except flags.Error as e:
-    _fail(str(e).strip().splitlines()[0])
-  except Exception as e:  # noqa: BLE001 - a config file that fails to load or parse
-    _fail(f"--config: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e) else ''}")
+  except Exception as e:  # noqa: BLE001 - a bad flag, or a config file that fails to load
+    _fail(_config_error(e, argv))
+
+
+def _config_error(e: BaseException, argv: list[str]) -> str:
+  """One line for a failure to load the config file or to apply an override to it."""
+  root = e
+  while root.__cause__ or root.__context__:
+    root = root.__cause__ or root.__context__
+  lines = [ln.strip() for ln in str(root).splitlines() if ln.strip()]
+  message = lines[-1] if lines else ""
+  overrides = [a.split("=")[0] for a in argv if a.startswith("--config.")]
+  if isinstance(root, AttributeError | KeyError) and overrides:
+    return (f"--config: no such field {message} (overrides: {', '.join(overrides)}); "
+            "see the config file for the field names")
+  if overrides and isinstance(root, ValueError | TypeError) and "variant" not in message:
+    return f"--config: bad override value in {', '.join(overrides)}: {message}"
+  if isinstance(root, flags.Error):
+    return message
+  return f"--config: {type(root).__name__}: {message}"
 
 
 class _OwnInfoOnly(std_logging.Filter):
@@ -80,7 +96,13 @@ def main(argv: list[str]) -> None:
   logging.get_absl_handler().addFilter(_OwnInfoOnly())
   if len(argv) > 1:
     _fail(f"unexpected arguments {' '.join(argv[1:])!r}; fields are set with --config.field=value")
-  if _CONFIG.value is None:
+  try:
+    config = _CONFIG.value
+    if config is not None:
+      config.keys()  # the file is loaded lazily, on first access
+  except Exception as e:  # noqa: BLE001 - a config file that is missing or fails to load
+    _fail(_config_error(e, sys.argv))
+  if config is None:
     _fail("--config is required, e.g. --config=configs/numbers.py")
   import jax
 
@@ -95,7 +117,6 @@ def main(argv: list[str]) -> None:
   if jax.process_index() != 0:
     logging.set_verbosity(logging.WARNING)
 
-  config = _CONFIG.value
   workdir = _WORKDIR.value
   if workdir is None:
     workdir = default_workdir(config_flags.get_config_filename(FLAGS["config"]) +

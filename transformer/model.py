@@ -89,8 +89,9 @@ class TransformerConfig:
     return jnp.dtype(self.dtype)
 
 
-def _init(names: tuple[str | None, ...], init: Callable = nn.initializers.xavier_uniform()):
-  return nn.with_logical_partitioning(init, names)
+def _init(names: tuple[str | None, ...], init: Callable | None = None):
+  """An initializer (Glorot uniform by default) that names the parameter's logical axes."""
+  return nn.with_logical_partitioning(init or nn.initializers.xavier_uniform(), names)
 
 
 def _constrain(x: Array, names: tuple[str | None, ...]) -> Array:

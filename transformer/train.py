@@ -228,8 +228,7 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
   writer.truncate_after(start_step)
 
   # Tokenize once; batch i is then a pure function of (seed, i), so resuming is exact.
-  train_src = [np.asarray(tokenizer.encode(s), np.int32) for s, _ in splits["train"]]
-  train_tgt = [np.asarray(tokenizer.encode(t), np.int32) for _, t in splits["train"]]
+  train_src, train_tgt = input_pipeline.tokenize_pairs(tokenizer, splits["train"])
   batches = input_pipeline.TrainBatches(
     train_src, train_tgt, config, batch_multiple=dp,
     process_index=jax.process_index(), process_count=jax.process_count(),
