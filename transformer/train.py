@@ -29,7 +29,8 @@ from transformer.checkpoint import Checkpointer, average_params
 from transformer.data import input_pipeline
 from transformer.errors import CheckpointError, ConfigError
 from transformer.metrics import MetricWriter, summarize
-from transformer.model import Transformer, TransformerConfig
+from transformer.model import TransformerConfig
+from transformer.models import build_model
 from transformer.train_state import TrainState, make_eval_step, make_optimizer, make_train_step
 from transformer.translate import Translator
 from transformer.validate import validate
@@ -42,7 +43,7 @@ class Trainer:
     self.config = config
     self.mesh = mesh
     self.model_config = model_config
-    self.model = Transformer(model_config)
+    self.model = build_model(model_config)
     self.tx = make_optimizer(config)
     self.rules = sharding_lib.rules(config)
 

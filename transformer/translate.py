@@ -16,14 +16,15 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from transformer import decode as decode_lib
 from transformer import sharding as sharding_lib
-from transformer.model import Transformer, TransformerConfig
+from transformer.model import TransformerConfig
+from transformer.models import build_model
 
 Array = jax.Array
 
 
 def init_cache(model_config: TransformerConfig, batch: int, src_len: int, max_len: int) -> Any:
   """A zero cache for `batch` rows and outputs of up to `max_len` tokens (no FLOPs spent)."""
-  model = Transformer(model_config, incremental=True)
+  model = build_model(model_config, incremental=True)
   shapes = jax.eval_shape(
     lambda: model.init(
       jax.random.key(0), jnp.ones((batch, src_len), jnp.int32),
@@ -40,10 +41,10 @@ def decode_tokens(params: Any, inputs: Array, model_config: TransformerConfig, *
   beam_size 1 is greedy. The longest output of a sentence is its length + max_extra_len
   (section 6.1), capped at max_len.
   """
-  model = Transformer(model_config)
-  step_model = Transformer(model_config, incremental=True)
+  model = build_model(model_config)
+  step_model = build_model(model_config, incremental=True)
   batch = inputs.shape[0]
-  encoded = model.apply({"params": params}, inputs, method=Transformer.encode)
+  encoded = model.apply({"params": params}, inputs, method=type(model).encode)
   src_lengths = jnp.sum(inputs > 0, axis=-1).astype(jnp.int32)
   max_lengths = jnp.minimum(src_lengths + max_extra_len, max_len)
   cache = init_cache(model_config, batch, inputs.shape[1], max_len)
@@ -56,7 +57,7 @@ def decode_tokens(params: Any, inputs: Array, model_config: TransformerConfig, *
   def tokens_to_logits(ids, cache):
     logits, mutated = step_model.apply(
       {"params": params, "cache": cache}, encoded_b, inputs_b, ids,
-      method=Transformer.decode_logits, mutable=["cache"],
+      method=type(step_model).decode_logits, mutable=["cache"],
     )
     return logits[:, -1, :], mutated["cache"]
 
@@ -116,7 +117,10 @@ class Translator:
           ids[-1] = 1  # truncated: keep the EOS last
         arr[row, : len(ids)] = ids
       max_len = min(src_len + self.max_extra_len, self.model_config.max_len)
-      out = np.asarray(jax.device_get(self._fn(src_len, max_len)(params, arr)))
+      # Every process holds the whole batch; each device takes its rows of it.
+      sharding = sharding_lib.batch_sharding(self.mesh)
+      global_arr = jax.make_array_from_callback(arr.shape, sharding, lambda idx, a=arr: a[idx])
+      out = np.asarray(jax.device_get(self._fn(src_len, max_len)(params, global_arr)))
       for row, i in enumerate(idx):
         results[i] = _until_eos(out[row])
     return results

@@ -9,6 +9,7 @@ from typing import Any
 from transformer import sharding as sharding_lib
 from transformer.errors import ConfigError
 from transformer.model import TransformerConfig
+from transformer.models import KINDS
 
 DATASETS = ("numbers", "wmt14")
 NONFINITE = ("skip", "stop")
@@ -54,8 +55,8 @@ def validate(config: Any, num_devices: int, workdir: str | None = None) -> Trans
   if _get(config, "dataset") not in DATASETS:
     raise ConfigError(f"dataset={config.dataset!r}: must be one of {', '.join(DATASETS)}")
   mc = model_config(config)
-  if mc.kind != "transformer":
-    raise ConfigError(f"model.kind={mc.kind!r}: must be 'transformer'")
+  if mc.kind not in KINDS:
+    raise ConfigError(f"model.kind={mc.kind!r}: must be one of {', '.join(KINDS)}")
 
   _int(config, "seed")
   vocab = _int(config, "data.vocab_size", 8)

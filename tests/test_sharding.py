@@ -1,0 +1,171 @@
+"""Sharding: the same losses on every mesh, parameters really split, checkpoints across meshes,
+and two processes on 127.0.0.1 against one."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from configs import numbers as numbers_config
+from transformer import sharding as sharding_lib
+from transformer.checkpoint import Checkpointer
+from transformer.errors import ConfigError
+from transformer.train import Trainer
+from transformer.validate import validate
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def tiny_config(data=1, fsdp=1, tensor=1):
+  config = numbers_config.get_config("tiny")
+  config.mesh.data, config.mesh.fsdp, config.mesh.tensor = data, fsdp, tensor
+  config.model.dropout_rate = 0.1
+  return config
+
+
+def make_trainer(config, num_devices):
+  devices = jax.devices()[:num_devices]
+  mesh = sharding_lib.make_mesh(config.mesh, devices)
+  return Trainer(config, mesh, validate(config, num_devices))
+
+
+def batches(n=3, rows=16, length=12, vocab=256):
+  rng = np.random.default_rng(0)
+  out = []
+  for _ in range(n):
+    inputs = rng.integers(2, vocab, size=(rows, length)).astype(np.int32)
+    targets = rng.integers(2, vocab, size=(rows, length)).astype(np.int32)
+    inputs[:, 9:] = 0  # some padding
+    targets[::3, 7:] = 0
+    out.append({"inputs": inputs, "targets": targets})
+  return out
+
+
+def losses(trainer, steps=3):
+  state = trainer.init_state(0)
+  rng = jax.random.key(0)
+  result = []
+  for batch in batches(steps):
+    state, metrics = trainer.train_step(
+      state, sharding_lib.local_batch_to_global(batch, trainer.mesh), rng)
+    m = jax.device_get(metrics)
+    result.append(float(m["loss"]) / float(m["tokens"]))
+  return np.array(result), state
+
+
+@pytest.fixture(scope="module")
+def single_device_losses():
+  return losses(make_trainer(tiny_config(), 1))[0]
+
+
+@pytest.mark.parametrize("mesh", [(8, 1, 1), (1, 8, 1), (2, 2, 2), (2, 1, 4)],
+                         ids=["data8", "fsdp8", "data2-fsdp2-tensor2", "data2-tensor4"])
+def test_every_mesh_gives_the_single_device_losses(mesh, single_device_losses):
+  trainer = make_trainer(tiny_config(*mesh), 8)
+  result, state = losses(trainer)
+  np.testing.assert_allclose(result, single_device_losses, rtol=1e-4)
+  assert result[-1] != result[0]  # training moved
+
+
+def test_fsdp_and_tensor_split_the_parameters():
+  def max_bytes(mesh):
+    # The bytes each device holds under the shardings the jitted init produces (no allocation).
+    trainer = make_trainer(tiny_config(*mesh), 8)
+    per_device = {}
+    for leaf in jax.tree.leaves(trainer.abstract_state.params):
+      shard = leaf.sharding.shard_shape(leaf.shape)
+      for device in leaf.sharding.device_set:
+        per_device[device.id] = per_device.get(device.id, 0) + np.prod(shard) * 4
+    return max(per_device.values())
+
+  replicated = max_bytes((8, 1, 1))
+  assert max_bytes((1, 8, 1)) < replicated / 4
+  assert max_bytes((2, 1, 4)) < replicated / 2
+  assert max_bytes((2, 2, 2)) < replicated / 2
+
+
+def test_checkpoint_written_under_one_mesh_restores_under_another(tmp_path):
+  trainer_a = make_trainer(tiny_config(1, 8, 1), 8)
+  _, state = losses(trainer_a, steps=2)
+  ckpt = Checkpointer(str(tmp_path), 2)
+  ckpt.save(2, state, {"model": {}})
+  ckpt.wait()
+  trainer_b = make_trainer(tiny_config(2, 1, 4), 8)
+  restored, step = ckpt.restore_latest(trainer_b.abstract_state, lambda meta, path: None)
+  assert step == 2
+  jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
+               state.params, restored.params)
+  leaf = jax.tree.leaves(restored.params)[0]
+  assert leaf.sharding.mesh.shape == trainer_b.mesh.shape
+  # The restored arrays really are split over the new mesh.
+  total = sum(x.nbytes for x in jax.tree.leaves(restored.params))
+  assert max(sharding_lib.bytes_per_device(restored.params).values()) < total / 2
+  ckpt.close()
+
+
+@pytest.mark.parametrize("mesh,devices,match", [
+  ((3, 1, 1), 8, "mesh"),
+  ((-1, -1, 1), 8, "at most one"),
+  ((1, 1, 3), 3, "num_heads"),
+])
+def test_meshes_that_do_not_fit_are_refused_before_training(mesh, devices, match):
+  with pytest.raises(ConfigError, match=match):
+    validate(tiny_config(*mesh), devices)
+
+
+def test_batch_not_divisible_by_data_parallel_size_is_refused():
+  config = tiny_config(8, 1, 1)
+  config.data.tokens_per_batch = 64 * 4  # 4 rows of the longest bucket on 8 data shards
+  with pytest.raises(ConfigError, match="tokens_per_batch"):
+    validate(config, 8)
+
+
+def _free_port():
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _run_cli(workdir, extra, devices, env_extra=None):
+  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+             **(env_extra or {}))
+  return subprocess.Popen(
+    [sys.executable, "-m", "transformer.main", "--config=configs/numbers.py:tiny",
+     f"--workdir={workdir}", "--config.num_train_steps=4", "--config.log_every_steps=1",
+     "--config.eval_every_steps=100", *extra],
+    cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+  )
+
+
+def _train_losses(workdir):
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    records = [json.loads(line) for line in f if line.strip()]
+  return [r["train/loss"] for r in records if "train/loss" in r]
+
+
+def test_two_processes_match_one_process(tmp_path):
+  """Two processes x 2 CPU devices over 127.0.0.1 give the losses of one process x 4."""
+  single = _run_cli(tmp_path / "single", [], 4)
+  out, err = single.communicate(timeout=600)
+  assert single.returncode == 0, err[-3000:]
+
+  port = _free_port()
+  workdir = tmp_path / "multi"
+  procs = [
+    _run_cli(workdir, [f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
+                       f"--process_id={i}"], 2)
+    for i in range(2)
+  ]
+  outputs = [p.communicate(timeout=600) for p in procs]
+  for p, (_, err) in zip(procs, outputs, strict=True):
+    assert p.returncode == 0, err[-3000:]
+  a, b = _train_losses(tmp_path / "single"), _train_losses(workdir)
+  assert len(a) == len(b) == 4
+  np.testing.assert_allclose(b, a, rtol=1e-4)
+  # Only process 0 printed the results.
+  assert "Test BLEU" in outputs[0][0] and "Test BLEU" not in outputs[1][0]
