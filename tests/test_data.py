@@ -85,6 +85,8 @@ def test_corpus_content_and_disjoint_splits(numbers_dir):
   assert not used["train"] & used["test"]
   assert not used["train"] & used["validation"]
   assert not used["validation"] & used["test"]
+  # Held-out numbers are compositions of words seen in training, never new atoms.
+  assert min(used["test"] | used["validation"]) >= nb.ALWAYS_TRAIN
   assert min(used["train"]) < 10  # Biased to small numbers, yet reaching large ones.
   assert max(used["train"]) > 100_000
 

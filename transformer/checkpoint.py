@@ -11,6 +11,7 @@ one is used.
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import jax
@@ -73,11 +74,13 @@ class Checkpointer:
     `check_meta` raises CheckpointError for an incompatible one, which stops the run.
     """
     steps = self.all_steps()
+    damaged = []
     for step in reversed(steps):
       path = os.path.join(self.directory, str(step))
       meta = self.read_meta_or_none(step)
       if meta is None:
         logging.error("checkpoint %s is damaged (unreadable metadata); trying an older one", path)
+        damaged.append(step)
         continue
       check_meta(meta, path)
       try:
@@ -87,7 +90,9 @@ class Checkpointer:
         raise
       except Exception as e:  # noqa: BLE001 - damaged files show up as many error types
         logging.error("checkpoint %s is damaged (%s); trying an older one", path, _short(e))
+        damaged.append(step)
         continue
+      self._quarantine(damaged)
       return state, step
     if steps:
       raise CheckpointError(
@@ -95,6 +100,18 @@ class Checkpointer:
         "move the directory away to start afresh"
       )
     return None
+
+  def _quarantine(self, steps: list[int]) -> None:
+    """Moves damaged checkpoints aside (never deletes them), so their steps can be rewritten."""
+    if not steps or jax.process_index() != 0:
+      return
+    aside = self.directory + "_damaged"
+    os.makedirs(aside, exist_ok=True)
+    for step in steps:
+      target = os.path.join(aside, f"{step}-{int(time.time())}")
+      os.replace(os.path.join(self.directory, str(step)), target)
+      logging.warning("moved the damaged checkpoint of step %d to %s", step, target)
+    self.manager.reload()
 
   def read_meta_or_none(self, step: int) -> dict[str, Any] | None:
     try:

@@ -136,6 +136,10 @@ def main(argv: list[str]) -> None:
       cli_translate.average_and_evaluate(config, workdir, _AVERAGE.value)
   except (UserError, DataError) as e:
     _fail(str(e))
+  except FloatingPointError as e:
+    # Training diverged; the checkpoints hold only finite parameters.
+    print(f"error: {e}", file=sys.stderr, flush=True)
+    sys.exit(1)
 
 
 def _variant_suffix() -> str:

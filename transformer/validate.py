@@ -91,7 +91,7 @@ def validate(config: Any, num_devices: int, workdir: str | None = None) -> Trans
   _float(config, "optimizer.b2", 0.0, 1.0, hi_open=True)
   _float(config, "optimizer.eps", 0.0, 1.0)
   _int(config, "optimizer.warmup_steps", 1)
-  _float(config, "optimizer.learning_rate_scale", 0.0, 1e6)
+  _float(config, "optimizer.learning_rate_scale", 0.0, 3e38)
   _float(config, "optimizer.grad_clip_norm", 0.0, 1e12)
 
   _int(config, "num_train_steps", 0)
