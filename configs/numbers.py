@@ -36,7 +36,7 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   # is nothing to overfit and dropout would only slow learning (and each step, on CPU).
   m.dropout_rate = 0.0
   m.max_len = 128
-  m.dtype = "float32"
+  m.dtype = "auto"  # bfloat16 compute on GPU/TPU, float32 on CPU
 
   config.optimizer.warmup_steps = 400
   config.optimizer.learning_rate_scale = 1.0

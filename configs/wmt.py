@@ -38,7 +38,7 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   m.d_kv = 0  # 0: d_k = d_v = d_model / h (64 for base and big)
   m.dropout_rate = 0.1
   m.max_len = 320  # covers max_target_len + 50 for decoding
-  m.dtype = "bfloat16"  # compute dtype on GPU/TPU; parameters stay float32
+  m.dtype = "auto"  # bfloat16 compute on GPU/TPU, float32 on CPU; parameters stay float32
 
   config.label_smoothing = 0.1  # epsilon_ls, section 5.4
   config.optimizer.b1 = 0.9  # section 5.3
@@ -83,7 +83,6 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
     m.d_ff = 64
     m.num_heads = 4
     m.max_len = 96
-    m.dtype = "float32"
     config.optimizer.warmup_steps = 10
     config.num_train_steps = 4
     config.log_every_steps = 2

@@ -199,3 +199,10 @@ def test_modules_work_from_nnx_through_the_bridge():
   params = nn.unbox(nnx.to_pure_dict(nnx.state(layer, nnx.Param)))
   reference = MultiHeadAttention(num_heads=4, d_model=32).apply({"params": params}, x)
   np.testing.assert_allclose(y, reference, atol=1e-6)
+
+
+def test_auto_dtype_is_float32_on_cpu_and_bfloat16_on_accelerators(monkeypatch):
+  cfg = TransformerConfig(dtype="auto")
+  assert cfg.compute_dtype == jnp.float32  # the tests run on CPU
+  monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+  assert cfg.compute_dtype == jnp.bfloat16

@@ -26,7 +26,7 @@ Array = jax.Array
 
 POSITIONAL = ("sinusoidal", "learned")
 REMAT_POLICIES = ("none", "full", "dots")
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +45,7 @@ class TransformerConfig:
   positional: str = "sinusoidal"  # or "learned" (Table 3, row E)
   share_embeddings: bool = True  # source, target and pre-softmax weights (section 3.4)
   pre_layer_norm: bool = False  # False: LayerNorm(x + Sublayer(x)) as in the paper
-  dtype: str = "float32"  # compute dtype; parameters stay float32
+  dtype: str = "auto"  # compute dtype (auto: bfloat16 on GPU/TPU, float32 on CPU); params f32
   attention: str = "xla"  # one of attention.IMPLEMENTATIONS
   attention_chunk_size: int = 128
   scan_layers: bool = False  # nn.scan over layers: compile time independent of depth
@@ -86,6 +86,9 @@ class TransformerConfig:
 
   @property
   def compute_dtype(self) -> jnp.dtype:
+    if self.dtype == "auto":
+      # Mixed precision where the hardware has fast bfloat16 matmuls; CPUs mostly do not.
+      return jnp.dtype(jnp.bfloat16 if jax.default_backend() in ("gpu", "tpu") else jnp.float32)
     return jnp.dtype(self.dtype)
 
 
