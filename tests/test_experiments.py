@@ -1,0 +1,325 @@
+"""The experiments: sweep expansion and a tiny end-to-end sweep that resumes, the heads report,
+the sequence-length cost measurement, the long-range task, and the attention-map recomputation.
+
+Tiny models and few steps only; no assertion on speed.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs import numbers
+from experiments import attention_maps, heads, seq_len, sweep, tasks
+from transformer.validate import model_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "2"}
+
+
+# ----------------------------------------------------------------------------- sweeps
+
+
+def test_heads_sweep_points():
+  """configs/sweeps/heads.py: h in {1..32} x 3 seeds at fixed d_model, d_k = d_model / h."""
+  s = sweep.load_sweep(os.path.join(ROOT, "configs/sweeps/heads.py"))
+  assert s.name == "heads"
+  assert len(s.points) == 18
+  pairs = {(p.overrides["model.num_heads"], p.overrides["seed"]) for p in s.points}
+  assert pairs == {(h, seed) for h in (1, 2, 4, 8, 16, 32) for seed in (0, 1, 2)}
+  for p in s.points:
+    assert p.name == f"h{p.overrides['model.num_heads']}-seed{p.overrides['seed']}"
+    config = sweep.point_config(s, p)
+    mc = model_config(config)
+    assert mc.d_model == 128 and mc.num_heads == p.overrides["model.num_heads"]
+    assert mc.head_dim * mc.num_heads == mc.d_model
+    assert config.seed == p.overrides["seed"]
+  # The base config is not modified by the points.
+  assert s.config.model.num_heads == numbers.get_config().model.num_heads
+
+  wmt = sweep.load_sweep(os.path.join(ROOT, "configs/sweeps/heads.py:wmt"))
+  assert wmt.name == "heads-wmt" and wmt.config.dataset == "wmt14"
+  assert [p.overrides["model.num_heads"] for p in wmt.points] == [1, 4, 8, 16, 32]
+  assert {512 // p.overrides["model.num_heads"] for p in wmt.points} == set(
+    v[0] for v in heads.PAPER_ROW_A.values())
+
+
+def test_seq_len_sweep_points():
+  s = sweep.load_sweep(os.path.join(ROOT, "configs/sweeps/seq_len.py"))
+  assert [p.name for p in s.points] == ["max24", "max48", "max64"]
+  for p in s.points:
+    config = sweep.point_config(s, p)
+    limit = int(p.name[3:])
+    assert config.data.max_source_len == config.data.max_target_len == limit
+    assert max(config.data.bucket_lengths) == limit
+    model_config(config)
+
+
+def test_expand_names_overrides_and_errors():
+  points = sweep.expand([{"model.num_heads": 2, "seed": 1}, {"data.bucket_lengths": [8, 16]}])
+  assert [p.name for p in points] == ["num_heads-2_seed-1", "bucket_lengths--8--16-"]
+  with pytest.raises(ValueError, match="same name"):
+    sweep.expand([{"seed": 1}, {"seed": 1}])
+  config = numbers.get_config("tiny")
+  changed = sweep.apply_overrides(config, {"model.num_heads": 2, "num_train_steps": 3})
+  assert (changed.model.num_heads, changed.num_train_steps) == (2, 3)
+  assert config.model.num_heads == 4  # a copy
+  with pytest.raises(KeyError, match="no field"):
+    sweep.apply_overrides(config, {"model.nope": 1})
+  assert sweep.parse_sets(["a=3", "b=x", "c=[1, 2]", "d=true"]) == {
+    "a": 3, "b": "x", "c": [1, 2], "d": True}
+  assert sweep.step_time([{"train/steps_per_s": 1.0}, {"train/steps_per_s": 4.0},
+                          {"train/steps_per_s": 2.0}]) == pytest.approx(0.375)
+
+
+TINY_SWEEP = textwrap.dedent('''
+  """A two-point sweep on configs/numbers.py:tiny for the tests."""
+  from configs import numbers
+
+
+  def get_config(arg=None):
+    config = numbers.get_config("tiny")
+    config.num_train_steps = 2
+    config.log_every_steps = 1
+    config.eval_every_steps = 2
+    config.checkpoint_every_steps = 2
+    config.eval_bleu_sentences = 4
+    config.decode.beam_size = 1
+    config.num_samples_to_print = 0
+    return config
+
+
+  def sweep(arg=None):
+    return [{"model.num_heads": 2}, {"model.num_heads": 4}]
+''')
+
+
+@pytest.fixture(scope="module")
+def tiny_sweep(tmp_path_factory):
+  """Runs the tiny sweep once (two points at once, --parallel=2); returns its paths."""
+  tmp = tmp_path_factory.mktemp("sweep")
+  path = tmp / "tiny.py"
+  path.write_text(TINY_SWEEP)
+  cmd = [sys.executable, "-m", "experiments.sweep", f"--sweep={path}", f"--root={tmp}/runs",
+         f"--results={tmp}/results", "--parallel=2"]
+  proc = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+  logs = "".join(p.read_text() for p in (tmp / "runs" / "tiny").glob("*/sweep.log"))
+  assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:] + logs[-3000:]
+  return tmp, cmd, proc
+
+
+def test_tiny_sweep_writes_the_table_and_a_rerun_skips(tiny_sweep):
+  tmp, cmd, proc = tiny_sweep
+  md = (tmp / "results" / "tiny.md").read_text()
+  assert (tmp / "results" / "tiny.png").stat().st_size > 0
+  for name in ("num_heads-2", "num_heads-4"):
+    workdir = tmp / "runs" / "tiny" / name
+    assert sweep.is_finished(str(workdir))
+    assert f"| {name} |" in md
+    info = json.loads((workdir / "sweep_point.json").read_text())
+    assert info["params"] > 0 and info["overrides"]["model.num_heads"] == int(name[-1])
+  assert "python -m experiments.sweep" in md and "## Machine" in md and "2/2 points" in proc.stdout
+  # Every finished row has numbers in it.
+  rows = [ln for ln in md.splitlines() if ln.startswith("| num_heads-")]
+  assert len(rows) == 2 and all(" - |" not in r.split("|", 4)[-1] for r in rows)
+
+  before = {p: p.stat().st_mtime_ns for p in (tmp / "runs").rglob("metrics.jsonl")}
+  again = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert again.stdout.count("finished, skipped") == 2
+  assert "training in" not in again.stdout
+  assert before == {p: p.stat().st_mtime_ns for p in (tmp / "runs").rglob("metrics.jsonl")}
+
+
+def test_attention_maps_command(tiny_sweep, tmp_path):
+  """The command on a trained workdir: a PNG with every head of every layer."""
+  tmp, _, _ = tiny_sweep
+  out = tmp_path / "maps.png"
+  proc = subprocess.run(
+    [sys.executable, "-m", "experiments.attention_maps", "--config=configs/numbers.py:tiny",
+     "--config.model.num_heads=2", f"--workdir={tmp}/runs/tiny/num_heads-2",
+     "--sentence=three hundred and forty-seven", f"--out={out}"],
+    cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "3 attention layers x 2 heads" in proc.stdout  # 1 + 1 layers: enc, dec self, cross
+  assert out.stat().st_size > 0
+
+
+def test_heads_report_from_rows(tmp_path):
+  """Means over seeds by h, the paper's row (A) beside them, unfinished points listed."""
+  s = sweep.load_sweep(os.path.join(ROOT, "configs/sweeps/heads.py"))
+  rows = []
+  for p in s.points:
+    h, seed = p.overrides["model.num_heads"], p.overrides["seed"]
+    done = not (h == 32 and seed == 2)
+    rows.append({"name": p.name, "overrides": p.overrides, "finished": done, "step": 200,
+                 "eval/perplexity": 2.0 + h / 100 + seed / 10 if done else None,
+                 "eval/bleu": 20.0 + seed if done else None, "test/bleu": 21.0 if done else None,
+                 "params": 692224, "step_s": 0.1 * h if done else None, "wall_s": 60.0})
+  groups = heads.summarize_by_heads(rows, 128)
+  assert [g["h"] for g in groups] == [1, 2, 4, 8, 16, 32]
+  assert groups[0]["d_k"] == 128 and groups[-1]["d_k"] == 4 and groups[-1]["seeds"] == 2
+  paths = heads.report(s, rows, "python -m experiments.heads", str(tmp_path))
+  md = open(paths[0]).read()
+  assert "| 1 | 128 | 3/3 | 2.110 ± 0.100 | 21.00 ± 1.00 |" in md
+  assert "5.29" in md and "24.9" in md and "Vaswani" in md
+  assert "Unfinished points (no test/bleu yet): h32-seed2" in md
+  assert os.path.getsize(paths[1]) > 0
+
+
+# ----------------------------------------------------------------------------- seq_len
+
+
+def test_seq_len_cost_tiny():
+  """Memory from compilation only, loop counts, timing and its skipping, exponent fits."""
+  base = numbers.get_config("tiny")
+  records = seq_len.cost_sweep(base, ["xla", "lstm"], [8, 16], batch_size=2, steps=1,
+                               max_step_s=1e-6, log=lambda *_: None)
+  by = {(r["kind"], r["n"]): r for r in records}
+  assert set(by) == {("xla", 8), ("xla", 16), ("lstm", 8), ("lstm", 16)}
+  for r in records:
+    assert r["temp_memory_bytes"] > 0 and r["peak_memory_bytes"] >= r["temp_memory_bytes"]
+  # The first length is timed; the second is predicted slower than the 1 us limit: skipped.
+  assert by[("xla", 8)]["step_s"] > 0 and by[("xla", 16)]["step_s"] is None
+  assert "predicted" in by[("xla", 16)]["timing_skipped"]
+  assert by[("xla", 16)]["temp_memory_bytes"] > by[("xla", 8)]["temp_memory_bytes"]
+  # No loop in the Transformer's step; the 1-layer LSTM has 3 scans of n (encoder forward and
+  # backward directions, decoder) in the forward pass and 3 in the backward pass.
+  assert by[("xla", 16)]["hlo_iterations"] == 0
+  assert by[("lstm", 16)]["hlo_trip_counts"] == [16] * 6
+  assert by[("lstm", 16)]["hlo_iterations"] == 6 * 16
+  # Equal parameter counts (to the LSTM's nearest width).
+  assert abs(by[("lstm", 8)]["params"] / by[("xla", 8)]["params"] - 1) < 0.05
+  exp = seq_len.exponents(records, "hlo_iterations", 8)
+  assert exp["lstm"][0] == pytest.approx(1.0)
+
+
+def test_loop_iterations_nested():
+  """Nested loops multiply: 3 outer iterations with 5 inner ones each = 3 + 15."""
+
+  def f(x):
+    def outer(i, x):
+      return jax.lax.fori_loop(0, 5, lambda j, y: jnp.sin(y) * (j + 1.5), x) + i
+    return jax.lax.fori_loop(0, 3, outer, x)
+
+  text = jax.jit(f).lower(jnp.ones(4)).compile().as_text()
+  r = seq_len.loop_iterations(text)
+  assert r["loops"] == 2 and r["trip_counts"] == [3, 5]
+  assert r["iterations"] == 3 + 3 * 5
+
+
+def test_fit_exponent_and_bins():
+  ns = [64, 128, 256, 512]
+  assert seq_len.fit_exponent(ns, [3 * n**2 for n in ns]) == pytest.approx(2.0)
+  assert seq_len.fit_exponent(ns, [5.0 * n for n in ns]) == pytest.approx(1.0)
+  assert seq_len.fit_exponent([64], [1.0]) is None
+  assert seq_len.predict_step_s([(64, 1.0), (128, 4.0)], 256) == pytest.approx(16.0)
+  bins = seq_len.length_bins([16, 24])
+  assert bins == [(1, 16), (17, 24), (25, None)]
+  by_bin = seq_len.bleu_by_bin([[5] * 3, [5] * 20, [5] * 30], ["a b c d", "x", "e f g h"],
+                               ["a b c d", "y", "e f g h"], bins)
+  assert [b["sentences"] for b in by_bin] == [1, 1, 1]
+  assert by_bin[0]["bleu"] == pytest.approx(100.0) and by_bin[1]["bleu"] == pytest.approx(0.0)
+
+
+# ----------------------------------------------------------------------------- long range
+
+
+def test_recall_task_answers_are_the_token_d_back():
+  rng = np.random.default_rng(0)
+  distances = np.array([2, 3, 7, 40, 400])
+  b = tasks.recall_batch(rng, distances, num_keys=8, length=410)
+  assert b["inputs"].shape == (5, 1) and b["targets"].shape == (5, 410)
+  for i, d in enumerate(distances):
+    row = b["targets"][i]
+    assert row[d] == b["answer"][i] == row[d - d]  # the answer is the token d positions back
+    assert tasks.FIRST_KEY <= row[d] < tasks.FIRST_KEY + 8
+    assert row[d - 1] == tasks.QUERY and row[d + 1] == tasks.EOS and not row[d + 2:].any()
+    # Nothing between the key and the answer carries it: blanks only.
+    assert (row[1:d - 1] == tasks.BLANK).all()
+  # Changing the key changes the answer and nothing else.
+  a = tasks.recall_example(5, 10)
+  c = tasks.recall_example(6, 10)
+  assert (a != c).nonzero()[0].tolist() == [0, 10]
+  with pytest.raises(ValueError, match="distance"):
+    tasks.recall_example(5, 1)
+  t = tasks.training_batch(rng, 64, 2, 50, num_keys=4)
+  assert t["targets"].shape == (64, 52) and 2 <= t["distance"].min() <= t["distance"].max() <= 50
+  assert (t["targets"][np.arange(64), t["distance"]] == t["answer"]).all()
+
+
+def test_long_range_models_have_equal_parameter_counts():
+  from experiments import claims
+
+  s = claims.LongRangeSettings(d_model=32, layers=1, heads=2, max_distance=20)
+  (_, tcfg, tmc), (_, lcfg, lmc) = claims.long_range_configs(s)
+  assert tmc.kind == "transformer" and lmc.kind == "lstm"
+  assert tmc.vocab_size == lmc.vocab_size == tasks.vocab_size(8) == tcfg.data.vocab_size
+  pt, pl = seq_len._param_count(tmc), seq_len._param_count(lmc)
+  assert abs(pl / pt - 1) < 0.05
+  # Decoding caches: the Transformer's grows with n, the LSTM's does not.
+  assert claims.decode_cache_bytes(tmc, 16) > claims.decode_cache_bytes(tmc, 8)
+  assert claims.decode_cache_bytes(lmc, 16) == claims.decode_cache_bytes(lmc, 8)
+
+
+# ----------------------------------------------------------------------------- attention maps
+
+
+def _reference_weights(record):
+  """softmax(Q K^T / sqrt(d_k)) in float64 NumPy, masks built independently."""
+  p = {k: np.asarray(v, np.float64) for k, v in record["params"].items()}
+  xq = np.asarray(record["inputs_q"], np.float64)
+  xkv = np.asarray(record["inputs_kv"], np.float64)
+  q = np.einsum("bqd,dhk->bhqk", xq, p["query"])
+  k = np.einsum("bsd,dhk->bhsk", xkv, p["key"])
+  logits = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+  b, h, nq, nk = logits.shape
+  allowed = np.ones((b, h, nq, nk), bool)
+  if record["kv_mask"] is not None:
+    allowed &= np.asarray(record["kv_mask"])[:, None, None, :]
+  if record["is_causal"]:
+    allowed &= np.tril(np.ones((nq, nk), bool))[None, None]
+  out = np.zeros_like(logits)
+  for idx in np.ndindex(b, h, nq):
+    row, ok = logits[idx], allowed[idx]
+    if ok.any():
+      e = np.exp(row[ok] - row[ok].max())
+      out[idx][ok] = e / e.sum()
+  return out
+
+
+def test_attention_weights_match_float64_numpy():
+  from transformer.model import TransformerConfig
+  from transformer.models import build_model
+
+  cfg = TransformerConfig(vocab_size=24, num_layers=2, d_model=16, d_ff=32, num_heads=4,
+                          dropout_rate=0.0, max_len=32, dtype="float32")
+  model = build_model(cfg)
+  src = jnp.array([[5, 6, 7, 8, 1, 0, 0], [9, 10, 1, 0, 0, 0, 0]], jnp.int32)
+  tgt = jnp.array([[11, 12, 13, 1, 0], [14, 1, 0, 0, 0]], jnp.int32)
+  import flax.linen as nn
+
+  params = nn.unbox(jax.jit(model.init)(jax.random.key(3), src, tgt)["params"])
+  records = attention_maps.capture_attention(model, params, src, tgt)
+  kinds = [attention_maps.kind_of(r) for r in records]
+  assert sorted(kinds) == sorted(list(attention_maps.KINDS) * 2)
+  assert sorted(attention_maps.layer_of(r) for r in records) == [0, 0, 0, 1, 1, 1]
+  for r in records:
+    w = attention_maps.attention_weights(r)
+    ref = _reference_weights(r)
+    np.testing.assert_allclose(w, ref, rtol=2e-5, atol=2e-6)
+    # The weights reproduce what the module computed.
+    np.testing.assert_allclose(attention_maps.recompute_output(r, w), np.asarray(r["output"]),
+                               rtol=1e-4, atol=1e-5)
+    if r["kv_mask"] is not None:  # padded source keys get no weight
+      assert np.all(w[1, :, :, 3:] == 0)
+    if r["is_causal"]:
+      assert np.all(np.triu(w[0, 0], 1) == 0)
+  attn = attention_maps.maps(records)
+  assert [m["kind"] for m in attn] == [k for k in attention_maps.KINDS for _ in range(2)]
