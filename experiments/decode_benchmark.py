@@ -318,7 +318,7 @@ def run_benchmark(
       "head_dim": mc.head_dim,
       "d_ff": mc.d_ff,
       "vocab": mc.vocab_size,
-      "dtype": mc.dtype,
+      "dtype": str(mc.compute_dtype),
       "attention": mc.attention,
       "scan_layers": mc.scan_layers,
       "platform": jax.default_backend(),
@@ -341,9 +341,10 @@ def apply_defaults(config: Any, overridden: Callable[[str], bool]) -> list[str]:
   """
   changes = []
   with config.unlocked():
-    if not overridden("model.dtype") and jax.default_backend() == "cpu":
-      if config.model.dtype != "float32":
-        changes.append(f"model.dtype {config.model.dtype} -> float32 (CPU)")
+    # 'auto' already computes in float32 on CPU; an explicit bfloat16 is turned off there.
+    if (not overridden("model.dtype") and jax.default_backend() == "cpu"
+        and config.model.dtype not in ("float32", "auto")):
+      changes.append(f"model.dtype {config.model.dtype} -> float32 (CPU)")
       config.model.dtype = "float32"
     if not overridden("model.vocab_size") and config.model.vocab_size == WMT_VOCAB_SIZE:
       changes.append(f"model.vocab_size {WMT_VOCAB_SIZE} -> {DEFAULT_VOCAB_SIZE}")

@@ -99,6 +99,7 @@ def test_bad_arguments_are_config_errors(kwargs, field):
 
 def test_defaults_yield_to_the_command_line():
   config = wmt.get_config("base")
+  config.model.dtype = "bfloat16"
   changes = decode_benchmark.apply_defaults(config, lambda field: False)
   assert len(changes) == 2
   assert config.model.dtype == "float32"

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.test_train import REPO, TINY, final_params, read_metrics, run_main
+from tests.test_train import FAST_COMPILE, REPO, TINY, final_params, read_metrics, run_main
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +94,7 @@ def test_signal_saves_a_checkpoint_and_the_rerun_continues(tmp_path, sig):
           "--config.checkpoint_every_steps=1000", "--config.log_every_steps=1",
           "--config.eval_every_steps=1000"]
   child = subprocess.Popen([sys.executable, "-m", "transformer.main", *args], cwd=REPO,
-                           env=dict(os.environ, XLA_FLAGS=""), stdout=subprocess.PIPE,
+                           env=dict(os.environ, XLA_FLAGS=FAST_COMPILE), stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)
   metrics = os.path.join(workdir, "metrics.jsonl")
   deadline = time.time() + 300
@@ -138,7 +138,7 @@ def test_nonfinite_loss_stops_with_a_message_and_checkpoints_stay_finite(tmp_pat
 
 
 def translate(workdir, data: bytes, *extra):
-  env = dict(os.environ, XLA_FLAGS="")
+  env = dict(os.environ, XLA_FLAGS=FAST_COMPILE)
   return subprocess.run(
     [sys.executable, "-m", "transformer.main", *TINY, f"--workdir={workdir}",
      "--mode=translate", *extra], cwd=REPO, env=env, input=data, capture_output=True,

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from configs import numbers as numbers_config
+from tests.test_train import FAST_COMPILE
 from transformer import sharding as sharding_lib
 from transformer.checkpoint import Checkpointer
 from transformer.errors import ConfigError
@@ -132,7 +133,8 @@ def _free_port():
 
 
 def _run_cli(workdir, extra, devices, env_extra=None):
-  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+  env = dict(os.environ,
+             XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} {FAST_COMPILE}",
              **(env_extra or {}))
   return subprocess.Popen(
     [sys.executable, "-m", "transformer.main", "--config=configs/numbers.py:tiny",

@@ -28,6 +28,7 @@ class Checkpointer:
 
   def __init__(self, directory: str, max_to_keep: int | None = 3, async_save: bool = True):
     self.directory = os.path.abspath(directory)
+    self._closed = False
     options = ocp.CheckpointManagerOptions(
       max_to_keep=max_to_keep, create=True, enable_async_checkpointing=async_save,
       # Steps are chosen by the training loop, not by the manager.
@@ -123,6 +124,10 @@ class Checkpointer:
     self.manager.wait_until_finished()
 
   def close(self) -> None:
+    """Waits for saves in flight and releases the manager; safe to call twice."""
+    if self._closed:
+      return
+    self._closed = True
     self.manager.wait_until_finished()
     self.manager.close()
 

@@ -55,7 +55,8 @@ def _load(config: Any, workdir: str, average: int | None):
       raise CheckpointError(f"no checkpoint in {checkpointer.directory}: train first")
     state, step = restored
     params, label = state.params, f"step {step}"
-  translator = Translator(model_config, config.decode, mesh, trainer.state_shardings.params)
+  translator = Translator(model_config, config.decode, mesh, trainer.state_shardings.params,
+                          config.data.bucket_lengths)
   return tokenizer, trainer, translator, params, label
 
 

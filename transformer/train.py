@@ -217,134 +217,139 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
 
   trainer = Trainer(config, mesh, model_config)
   checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), config.keep_checkpoints)
-  restored = checkpointer.restore_latest(trainer.abstract_state, check_meta(meta))
-  if restored is None:
-    state = trainer.init_state(config.seed)
-    logging.info("Starting from scratch in %s", workdir)
-  else:
-    state, step = restored
-    logging.info("Resumed from the checkpoint of step %d in %s", step, workdir)
-  start_step = int(jax.device_get(state.step))
-  writer = MetricWriter(workdir)
-  writer.truncate_after(start_step)
+  writer = None
+  try:
+    restored = checkpointer.restore_latest(trainer.abstract_state, check_meta(meta))
+    if restored is None:
+      state = trainer.init_state(config.seed)
+      logging.info("Starting from scratch in %s", workdir)
+    else:
+      state, step = restored
+      logging.info("Resumed from the checkpoint of step %d in %s", step, workdir)
+    start_step = int(jax.device_get(state.step))
+    writer = MetricWriter(workdir)
+    writer.truncate_after(start_step)
 
-  # Tokenize once; batch i is then a pure function of (seed, i), so resuming is exact.
-  train_src, train_tgt = input_pipeline.tokenize_pairs(tokenizer, splits["train"])
-  batches = input_pipeline.TrainBatches(
-    train_src, train_tgt, config, batch_multiple=dp,
-    process_index=jax.process_index(), process_count=jax.process_count(),
-  )
-  valid_ids = [(tokenizer.encode(s), tokenizer.encode(t)) for s, t in splits["validation"]]
-  eval_batches = [
-    _local_rows(b) for b in input_pipeline.eval_batches(valid_ids, config, batch_multiple=dp)
-  ]
-  translator = Translator(model_config, config.decode, mesh, trainer.state_shardings.params)
-  bleu_pairs = splits["validation"]
-  if config.eval_bleu_sentences:
-    bleu_pairs = bleu_pairs[: config.eval_bleu_sentences]
-  n_params = sum(x.size for x in jax.tree.leaves(trainer.abstract_state.params))
-  logging.info("Model: %s parameters; mesh %s; batch shapes %s", f"{n_params:,}",
-               dict(mesh.shape), batches.shapes())
+    # Tokenize once; batch i is then a pure function of (seed, i), so resuming is exact.
+    train_src, train_tgt = input_pipeline.tokenize_pairs(tokenizer, splits["train"])
+    batches = input_pipeline.TrainBatches(
+      train_src, train_tgt, config, batch_multiple=dp,
+      process_index=jax.process_index(), process_count=jax.process_count(),
+    )
+    valid_ids = [(tokenizer.encode(s), tokenizer.encode(t)) for s, t in splits["validation"]]
+    eval_batches = [
+      _local_rows(b) for b in input_pipeline.eval_batches(valid_ids, config, batch_multiple=dp)
+    ]
+    translator = Translator(model_config, config.decode, mesh, trainer.state_shardings.params,
+                            config.data.bucket_lengths)
+    bleu_pairs = splits["validation"]
+    if config.eval_bleu_sentences:
+      bleu_pairs = bleu_pairs[: config.eval_bleu_sentences]
+    n_params = sum(x.size for x in jax.tree.leaves(trainer.abstract_state.params))
+    logging.info("Model: %s parameters; mesh %s; batch shapes %s", f"{n_params:,}",
+                 dict(mesh.shape), batches.shapes())
 
-  rng = jax.random.key(config.seed)
-  result: dict[str, Any] = {"interrupted": None}
-  last_log_time, last_log_step, host_time, tokens_seen = time.time(), start_step, 0.0, 0.0
-  train_sums: dict[str, float] = {}
-  pending = None  # metrics of the last step, fetched lazily to keep the device busy
-  step = start_step
-  with _StopSignal() as stop:
-    while step < config.num_train_steps:
-      t0 = time.time()
-      batch = sharding_lib.local_batch_to_global(batches.batch(step), mesh)
-      host_time += time.time() - t0
-      state, metrics = trainer.train_step(state, batch, rng)
-      step += 1
-      if pending is not None:
-        _accumulate(train_sums, pending)
-      pending = metrics
+    rng = jax.random.key(config.seed)
+    result: dict[str, Any] = {"interrupted": None}
+    last_log_time, last_log_step, host_time, tokens_seen = time.time(), start_step, 0.0, 0.0
+    train_sums: dict[str, float] = {}
+    pending = None  # metrics of the last step, fetched lazily to keep the device busy
+    step = start_step
+    with _StopSignal() as stop:
+      while step < config.num_train_steps:
+        t0 = time.time()
+        batch = sharding_lib.local_batch_to_global(batches.batch(step), mesh)
+        host_time += time.time() - t0
+        state, metrics = trainer.train_step(state, batch, rng)
+        step += 1
+        if pending is not None:
+          _accumulate(train_sums, pending)
+        pending = metrics
 
-      if step % config.log_every_steps == 0 or step == config.num_train_steps:
-        _accumulate(train_sums, pending)
-        pending = None
-        elapsed = time.time() - last_log_time
-        tokens_seen = train_sums.pop("_tokens_total", 0.0)
-        steps_done = step - last_log_step
-        record = summarize(train_sums, "train")
-        record.update({
-          "train/learning_rate": trainer.learning_rate(step - 1),
-          "train/grad_norm": train_sums["grad_norm"] / max(steps_done, 1),
-          "train/param_norm": train_sums["param_norm"] / max(steps_done, 1),
-          "train/nonfinite_steps": train_sums["nonfinite"],
-          "train/steps_per_s": steps_done / max(elapsed, 1e-9),
-          "train/tokens_per_s": tokens_seen / max(elapsed, 1e-9),
-          "train/host_fraction": host_time / max(elapsed, 1e-9),
-        })
-        writer.write(step, record)
-        eta = (config.num_train_steps - step) / max(record["train/steps_per_s"], 1e-9)
-        logging.info(
-          "step %d/%d  loss %.4f  acc %.3f  lr %.2e  %.0f tokens/s  host %.1f%%  ETA %s",
-          step, config.num_train_steps, record["train/loss"], record["train/accuracy"],
-          record["train/learning_rate"], record["train/tokens_per_s"],
-          100 * record["train/host_fraction"], _duration(eta),
-        )
-        _check_nonfinite(config, state)
-        train_sums, last_log_time, last_log_step, host_time = {}, time.time(), step, 0.0
+        if step % config.log_every_steps == 0 or step == config.num_train_steps:
+          _accumulate(train_sums, pending)
+          pending = None
+          elapsed = time.time() - last_log_time
+          tokens_seen = train_sums.pop("_tokens_total", 0.0)
+          steps_done = step - last_log_step
+          record = summarize(train_sums, "train")
+          record.update({
+            "train/learning_rate": trainer.learning_rate(step - 1),
+            "train/grad_norm": train_sums["grad_norm"] / max(steps_done, 1),
+            "train/param_norm": train_sums["param_norm"] / max(steps_done, 1),
+            "train/nonfinite_steps": train_sums["nonfinite"],
+            "train/steps_per_s": steps_done / max(elapsed, 1e-9),
+            "train/tokens_per_s": tokens_seen / max(elapsed, 1e-9),
+            "train/host_fraction": host_time / max(elapsed, 1e-9),
+          })
+          writer.write(step, record)
+          eta = (config.num_train_steps - step) / max(record["train/steps_per_s"], 1e-9)
+          logging.info(
+            "step %d/%d  loss %.4f  acc %.3f  lr %.2e  %.0f tokens/s  host %.1f%%  ETA %s",
+            step, config.num_train_steps, record["train/loss"], record["train/accuracy"],
+            record["train/learning_rate"], record["train/tokens_per_s"],
+            100 * record["train/host_fraction"], _duration(eta),
+          )
+          _check_nonfinite(config, state)
+          train_sums, last_log_time, last_log_step, host_time = {}, time.time(), step, 0.0
 
-      if step % config.eval_every_steps == 0 and step < config.num_train_steps:
-        record = evaluate(trainer, state.params, eval_batches, "eval")
-        writer.write(step, record)
-        logging.info("eval at step %d: %s", step, _fmt(record))
-      if config.bleu_every_steps and step % config.bleu_every_steps == 0 and (
-          step < config.num_train_steps):
-        res, _ = bleu_on(translator, state.params, tokenizer, bleu_pairs,
-                         os.path.join(workdir, "translations", f"validation_{step}.txt"))
-        writer.write(step, {"eval/bleu": res.score})
-        logging.info("validation BLEU at step %d: %.2f", step, res.score)
-      if step % config.checkpoint_every_steps == 0 or step == config.num_train_steps:
-        _check_nonfinite(config, state)
-        checkpointer.save(step, state, meta)
-      if stop.received is not None:
-        _check_nonfinite(config, state)
-        checkpointer.save(step, state, meta)
-        checkpointer.wait()
-        name = signal.Signals(stop.received).name
-        logging.warning("%s received: saved the checkpoint of step %d in %s; rerun the same "
-                        "command to continue", name, step, checkpointer.directory)
-        result["interrupted"] = name
-        result["step"] = step
-        checkpointer.close()
-        writer.close()
-        return result
+        if step % config.eval_every_steps == 0 and step < config.num_train_steps:
+          record = evaluate(trainer, state.params, eval_batches, "eval")
+          writer.write(step, record)
+          logging.info("eval at step %d: %s", step, _fmt(record))
+        if config.bleu_every_steps and step % config.bleu_every_steps == 0 and (
+            step < config.num_train_steps):
+          res, _ = bleu_on(translator, state.params, tokenizer, bleu_pairs,
+                           os.path.join(workdir, "translations", f"validation_{step}.txt"))
+          writer.write(step, {"eval/bleu": res.score})
+          logging.info("validation BLEU at step %d: %.2f", step, res.score)
+        if step % config.checkpoint_every_steps == 0 or step == config.num_train_steps:
+          _check_nonfinite(config, state)
+          checkpointer.save(step, state, meta)
+        if stop.received is not None:
+          _check_nonfinite(config, state)
+          checkpointer.save(step, state, meta)
+          checkpointer.wait()
+          name = signal.Signals(stop.received).name
+          logging.warning("%s received: saved the checkpoint of step %d in %s; rerun the same "
+                          "command to continue", name, step, checkpointer.directory)
+          result["interrupted"] = name
+          result["step"] = step
+          return result
 
-  # Final evaluation: the newest state, or the average of the last checkpoints.
-  checkpointer.save(step, state, meta)
-  checkpointer.wait()
-  params = state.params
-  if config.average_last_checkpoints > 1:
-    steps = checkpointer.all_steps()[-config.average_last_checkpoints:]
-    params = average_params(checkpointer, steps, trainer.abstract_state)
-    logging.info("Evaluating the average of the checkpoints of steps %s", steps)
-  final = evaluate(trainer, params, eval_batches, "eval")
-  valid_bleu, _ = bleu_on(translator, params, tokenizer, bleu_pairs,
-                          os.path.join(workdir, "translations", f"validation_{step}.txt"))
-  final["eval/bleu"] = valid_bleu.score
-  test_bleu, test_hyps = bleu_on(translator, params, tokenizer, splits["test"],
-                                 os.path.join(workdir, "translations", f"test_{step}.txt"))
-  final["test/bleu"] = test_bleu.score
-  if config.dataset == "wmt14":
-    final["test/bleu_tokenized"] = bleu_lib.tokenized_bleu(
-      test_hyps, [t for _, t in splits["test"]]).score
-  writer.write(step, final)
-  writer.close()
-  checkpointer.close()
-  result.update(final)
-  result["step"] = step
-  result["bleu_signature"] = test_bleu.signature
-  result["samples"] = [
-    (s, h, t) for (s, t), h in zip(splits["test"][: config.num_samples_to_print],
-                                   test_hyps[: config.num_samples_to_print], strict=True)
-  ]
-  return result
+    # Final evaluation: the newest state, or the average of the last checkpoints.
+    checkpointer.save(step, state, meta)
+    checkpointer.wait()
+    params = state.params
+    if config.average_last_checkpoints > 1:
+      steps = checkpointer.all_steps()[-config.average_last_checkpoints:]
+      params = average_params(checkpointer, steps, trainer.abstract_state)
+      logging.info("Evaluating the average of the checkpoints of steps %s", steps)
+    final = evaluate(trainer, params, eval_batches, "eval")
+    valid_bleu, _ = bleu_on(translator, params, tokenizer, bleu_pairs,
+                            os.path.join(workdir, "translations", f"validation_{step}.txt"))
+    final["eval/bleu"] = valid_bleu.score
+    test_bleu, test_hyps = bleu_on(translator, params, tokenizer, splits["test"],
+                                   os.path.join(workdir, "translations", f"test_{step}.txt"))
+    final["test/bleu"] = test_bleu.score
+    if config.dataset == "wmt14":
+      final["test/bleu_tokenized"] = bleu_lib.tokenized_bleu(
+        test_hyps, [t for _, t in splits["test"]]).score
+    writer.write(step, final)
+    result.update(final)
+    result["step"] = step
+    result["bleu_signature"] = test_bleu.signature
+    result["samples"] = [
+      (s, h, t) for (s, t), h in zip(splits["test"][: config.num_samples_to_print],
+                                     test_hyps[: config.num_samples_to_print], strict=True)
+    ]
+    return result
+  finally:
+    # Also on errors: wait for an async save in flight, so it finishes or is cleanly dropped.
+    checkpointer.close()
+    if writer is not None:
+      writer.close()
+
 
 
 def _accumulate(totals: dict[str, float], metrics: dict[str, jax.Array]) -> None:

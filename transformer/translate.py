@@ -74,13 +74,15 @@ class Translator:
   """Jitted batched translation of token ids and of text, sharded over the mesh's batch axes."""
 
   def __init__(self, model_config: TransformerConfig, decode_config: Any, mesh: Mesh,
-               param_shardings: Any):
+               param_shardings: Any, bucket_lengths: Sequence[int] = ()):
     self.model_config = model_config
     self.mesh = mesh
     self.beam_size = int(decode_config.beam_size)
     self.alpha = float(decode_config.alpha)
     self.max_extra_len = int(decode_config.max_extra_len)
     self.batch_size = int(decode_config.batch_size)
+    # Sources are padded to these lengths (the training buckets), so few shapes compile.
+    self.bucket_lengths = sorted(bucket_lengths)
     self._param_shardings = param_shardings
     self._fns: dict[tuple[int, int], Any] = {}
 
@@ -109,7 +111,7 @@ class Translator:
     for start in range(0, len(order), batch):
       idx = order[start:start + batch]
       longest = max(len(sources[i]) for i in idx)
-      src_len = min(_round_up(longest), max_src)
+      src_len = min(self._pad_length(longest), max_src)
       arr = np.zeros((batch, src_len), np.int32)
       for row, i in enumerate(idx):
         ids = list(sources[i])[:src_len]
@@ -126,12 +128,15 @@ class Translator:
     return results
 
 
-def _round_up(n: int) -> int:
-  """Pads lengths to 8, 16, 32, ... so that few shapes are compiled."""
-  size = 8
-  while size < n:
-    size *= 2
-  return size
+  def _pad_length(self, n: int) -> int:
+    """The smallest bucket length >= n; beyond the buckets, the next power of two."""
+    for length in self.bucket_lengths:
+      if length >= n:
+        return length
+    size = 8
+    while size < n:
+      size *= 2
+    return size
 
 
 def _until_eos(ids: np.ndarray) -> list[int]:
