@@ -32,7 +32,7 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   m.d_model = 128
   m.d_ff = 256
   m.num_heads = 4
-  # Training sees fewer sentences than the corpus holds (2000 steps x ~60 < 200k), so there
+  # Training sees fewer sentences than the corpus holds (2500 steps x ~60 < 200k), so there
   # is nothing to overfit and dropout would only slow learning (and each step, on CPU).
   m.dropout_rate = 0.0
   m.max_len = 128
@@ -40,7 +40,7 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
 
   config.optimizer.warmup_steps = 400
   config.optimizer.learning_rate_scale = 1.0
-  config.num_train_steps = 2000
+  config.num_train_steps = 2500
   config.log_every_steps = 100
   config.eval_every_steps = 500
   config.bleu_every_steps = 0

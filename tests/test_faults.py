@@ -109,6 +109,8 @@ def test_signal_saves_a_checkpoint_and_the_rerun_continues(tmp_path, sig):
   assert "Interrupted" in out and "Traceback" not in err
   step, _ = final_params(workdir)
   assert 3 <= step < 400
+  if sig == signal.SIGINT:
+    return  # the rerun is the same for both signals; check it once
   proc = run_main(*args[:-4], "--config.num_train_steps=" + str(step + 2))
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert f"Resumed from the checkpoint of step {step}" in proc.stderr

@@ -208,24 +208,20 @@ def test_label_smoothed_cross_entropy_against_numpy():
 
 
 def test_average_of_checkpoints_is_the_mean(tiny_run):
-  workdir, _ = tiny_run
   import orbax.checkpoint as ocp
 
+  from transformer import sharding as sharding_lib
+  from transformer.train import Trainer
+  from transformer.validate import validate
+
+  workdir, _ = tiny_run
   ckpt = checkpoint_lib.Checkpointer(os.path.join(workdir, "checkpoints"), None, False)
   steps = ckpt.all_steps()[-2:]
   assert len(steps) == 2
   with ocp.CheckpointManager(ckpt.directory, item_names=("state", "meta")) as mgr:
     trees = [mgr.restore(s, args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]
              for s in steps]
-  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype),
-                          trees[0])
-  abstract = type("S", (), {})  # noqa: F841 - restore needs the real TrainState structure
-  from configs import numbers as cfgmod
-  from transformer import sharding as sharding_lib
-  from transformer.train import Trainer
-  from transformer.validate import validate
-
-  config = cfgmod.get_config("tiny")
+  config = numbers_config.get_config("tiny")
   config.mesh.data = 1
   trainer = Trainer(config, sharding_lib.make_mesh(config.mesh, jax.devices()[:1]),
                     validate(config, 1))
@@ -234,3 +230,11 @@ def test_average_of_checkpoints_is_the_mean(tiny_run):
                           trees[0]["params"], trees[1]["params"])
   jax.tree.map(lambda x, y: np.testing.assert_allclose(np.asarray(x), y, rtol=1e-6), avg,
                expected)
+
+
+def test_average_mode_of_the_cli(tiny_run):
+  workdir, _ = tiny_run
+  proc = run_main(*TINY, f"--workdir={workdir}", "--mode=average", "--average=2")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "average of steps" in proc.stdout and "test BLEU" in proc.stdout
+  assert any("average_test/bleu" in r for r in read_metrics(workdir))
