@@ -3,6 +3,8 @@
     python -m experiments.attention_maps --config=configs/numbers.py --workdir=runs/numbers \
         --sentence="three hundred and forty-seven" [--out=experiments/results/attention_maps.png]
 
+Writes the PNG and, beside it, a .md with the command, the model and the machine.
+
 The model translates the sentence (decoding as in the config); then one teacher-forced
 forward pass over (sentence, translation) runs under `nn.intercept_methods`, which records
 the inputs of every `MultiHeadAttention` call: queries' and keys' inputs, masks, causality,
@@ -31,20 +33,22 @@ import types
 from typing import Any
 
 import numpy as np
-from absl import app, flags
-from ml_collections import config_flags
+from absl import app
 
 _F = types.SimpleNamespace()  # the command-line flags, once define_flags() ran
 
 
 def define_flags() -> None:
   """Defines this command's flags (only when it runs, so modules import together)."""
-  _F.config = config_flags.DEFINE_config_file("config", None, "Config of the trained model.",
-                                            lock_config=True)
-  _F.workdir = flags.DEFINE_string("workdir", None, "Workdir with the checkpoint and vocabulary.")
-  _F.sentence = flags.DEFINE_string("sentence", "three hundred and forty-seven", "Source sentence.")
-  _F.out = flags.DEFINE_string("out", os.path.join("experiments", "results", "attention_maps.png"),
-                             "Output PNG.")
+  from experiments.sweep import define_flag
+
+  _F.config = define_flag("config_file", "config", None, "Config of the trained model.")
+  _F.workdir = define_flag("string", "workdir", None, "Workdir: checkpoint and vocabulary.")
+  _F.sentence = define_flag("string", "sentence", "three hundred and forty-seven",
+                            "Source sentence.")
+  _F.out = define_flag("string", "out",
+                       os.path.join("experiments", "results", "attention_maps.png"), "PNG path.")
+
 
 KINDS = ("encoder self-attention", "decoder self-attention", "encoder-decoder attention")
 
@@ -174,7 +178,7 @@ def token_labels(tokenizer: Any, ids: list[int]) -> list[str]:
     elif i == 1:
       labels.append("</s>")
     else:
-      labels.append(tokenizer.decode([i]) or f"#{i}")
+      labels.append(tokenizer.decode([i]) or "▁")  # a piece that decodes to nothing: a space
   return labels
 
 
@@ -240,8 +244,40 @@ def attention_maps(config: Any, workdir: str, sentence: str, out: str) -> dict[s
            "columns: key positions")
   plot(attn, src_labels, token_labels(tokenizer, tgt_in), token_labels(tokenizer, tgt),
        title, out)
-  return {"translation": translation, "checkpoint": label, "maps": len(attn), "path": out,
-          "heads": int(attn[0]["weights"].shape[0])}
+  result = {"translation": translation, "checkpoint": label, "maps": len(attn), "path": out,
+            "heads": int(attn[0]["weights"].shape[0]), "sentence": sentence, "workdir": workdir,
+            "source_pieces": src_labels, "output_pieces": token_labels(tokenizer, tgt)}
+  result["markdown"] = write_markdown(result, config)
+  return result
+
+
+def write_markdown(result: dict[str, Any], config: Any) -> str:
+  """`<out>.md` beside the PNG: the command, the model, the machine."""
+  from experiments import sweep as sweep_lib
+
+  path = os.path.splitext(result["path"])[0] + ".md"
+  m = config.model
+  workdir = result["workdir"]
+  note = ""
+  if os.path.normpath(workdir) != os.path.normpath(os.path.join("runs", "numbers")):
+    note = (f"\nThe model is not `runs/numbers` (the README's main command) but `{workdir}`; "
+            "see the results README for how it was trained.\n")
+  text = [
+    "# Attention maps\n",
+    f"Every head of every layer of `{workdir}` ({result['checkpoint']}; d_model {m.d_model}, "
+    f"{m.num_layers} + {m.num_layers} layers, {m.num_heads} heads) for one sentence, made by "
+    "`experiments/attention_maps.py` (method in its docstring): the weights are recomputed "
+    "from each attention module's recorded inputs and parameters.\n" + note,
+    f"- Source: \"{result['sentence']}\" -> pieces {' '.join(result['source_pieces'])}",
+    f"- Model's translation: \"{result['translation']}\" -> pieces "
+    f"{' '.join(result['output_pieces'])}\n",
+    "## Command\n", f"```\n{sweep_lib.command_line()}\n```\n",
+    "## Machine\n", sweep_lib.hardware_markdown(sweep_lib.hardware()),
+    f"![attention maps]({os.path.basename(result['path'])})\n",
+  ]
+  with open(path, "w") as f:
+    f.write("\n".join(text))
+  return path
 
 
 def main(argv: list[str]) -> None:
@@ -258,7 +294,8 @@ def main(argv: list[str]) -> None:
   except (UserError, DataError, ValueError) as e:
     _fail(str(e))
   print(f"translation: {result['translation']}\n{result['maps']} attention layers x "
-        f"{result['heads']} heads ({result['checkpoint']}) -> {result['path']}", flush=True)
+        f"{result['heads']} heads ({result['checkpoint']}) -> {result['path']}, "
+        f"{result['markdown']}", flush=True)
 
 
 def _fail(message: str) -> None:

@@ -36,7 +36,7 @@ import time
 import types
 from typing import Any
 
-from absl import app, flags
+from absl import app
 
 from experiments import seq_len, tasks
 from experiments import sweep as sweep_lib
@@ -46,31 +46,33 @@ _F = types.SimpleNamespace()  # the command-line flags, once define_flags() ran
 
 def define_flags() -> None:
   """Defines this command's flags (only when it runs, so modules import together)."""
-  _F.part = flags.DEFINE_list("part", ["cost", "long_range"], "cost (parallelism and memory), "
-                            "long_range, or both.")
-  _F.config = flags.DEFINE_string("config", "configs/numbers.py", "Model of the cost part.")
-  _F.lengths = flags.DEFINE_list("lengths", [str(2**k) for k in range(5, 12)], "Lengths n.")
-  _F.batch = flags.DEFINE_integer("batch_size", 2, "Rows per step in the cost part.")
-  _F.steps = flags.DEFINE_integer("steps", 2, "Timed steps per length (best is kept).")
-  _F.max_step_s = flags.DEFINE_float("max_step_s", 20.0, "Do not time steps predicted slower.")
-  _F.fit_from = flags.DEFINE_integer("fit_from", 256, "Exponents are fitted over n >= this too.")
-  _F.lr_d_model = flags.DEFINE_integer("lr_d_model", 64, "Long range: the Transformer's d_model.")
-  _F.lr_layers = flags.DEFINE_integer("lr_layers", 2, "Long range: layers (encoder and decoder).")
-  _F.lr_heads = flags.DEFINE_integer("lr_heads", 4, "Long range: heads.")
-  _F.lr_keys = flags.DEFINE_integer("lr_keys", 8, "Long range: number of key symbols.")
-  _F.lr_max_d = flags.DEFINE_integer("lr_max_distance", 400, "Long range: largest distance d.")
-  _F.lr_steps = flags.DEFINE_integer("lr_steps", 400, "Long range: training steps per model.")
-  _F.lr_batch = flags.DEFINE_integer("lr_batch_size", 32, "Long range: rows per training step.")
-  _F.lr_warmup = flags.DEFINE_integer("lr_warmup", 100, "Long range: warm-up steps.")
-  _F.lr_eval = flags.DEFINE_integer("lr_eval_examples", 128, "Long range: examples per distance.")
-  _F.lr_distances = flags.DEFINE_list(
-    "lr_distances", ["2", "5", "10", "25", "50", "100", "200", "300", "400"],
-    "Long range: distances evaluated (at most --lr_max_distance).",
-  )
-  _F.seed = flags.DEFINE_integer("seed", 0, "Seed of parameters and batches.")
-  _F.out = flags.DEFINE_string("out", os.path.join("experiments", "results"), "Results directory.")
-
-# ----------------------------------------------------------------------------- memory
+  flag = sweep_lib.define_flag
+  _F.part = flag("list", "part", ["cost", "long_range"],
+                 "cost (parallelism and memory), long_range, or both.")
+  _F.config = flag("config_file", "config", None,
+                   "Model of the cost part (default configs/numbers.py).")
+  _F.lengths = flag("list", "lengths", [str(2**k) for k in range(5, 12)], "Lengths n.")
+  _F.batch = flag("integer", "batch_size", 2, "Rows per step in the cost part.")
+  _F.steps = flag("integer", "steps", 2, "Timed steps per length (best is kept).")
+  _F.max_step_s = flag("float", "max_step_s", 20.0, "Do not time steps predicted slower.")
+  _F.fit_from = flag("integer", "fit_from", 256, "Exponents are fitted over n >= this too.")
+  _F.cost_from = flag(
+    "string", "cost_from", "", "Read the cost records (parallelism, memory) from this "
+    "seq_len.json (from `python -m experiments.seq_len --part=cost`) instead of measuring.")
+  _F.lr_d_model = flag("integer", "lr_d_model", 64, "Long range: the Transformer's d_model.")
+  _F.lr_layers = flag("integer", "lr_layers", 2, "Long range: layers (encoder and decoder).")
+  _F.lr_heads = flag("integer", "lr_heads", 4, "Long range: heads.")
+  _F.lr_keys = flag("integer", "lr_keys", 8, "Long range: number of key symbols.")
+  _F.lr_max_d = flag("integer", "lr_max_distance", 400, "Long range: largest distance d.")
+  _F.lr_steps = flag("integer", "lr_steps", 400, "Long range: training steps per model.")
+  _F.lr_batch = flag("integer", "lr_batch_size", 32, "Long range: rows per training step.")
+  _F.lr_warmup = flag("integer", "lr_warmup", 100, "Long range: warm-up steps.")
+  _F.lr_eval = flag("integer", "lr_eval_examples", 128, "Long range: examples per distance.")
+  _F.lr_distances = flag("list", "lr_distances",
+                         ["2", "5", "10", "25", "50", "100", "200", "300", "400"],
+                         "Long range: distances evaluated (at most --lr_max_distance).")
+  _F.seed = flag("integer", "seed", 0, "Seed of parameters and batches.")
+  _F.out = flag("string", "out", os.path.join("experiments", "results"), "Results directory.")
 
 
 def decode_cache_bytes(mc: Any, n: int, batch: int = 1) -> int:
@@ -183,7 +185,7 @@ def train_long_range(config: Any, mc: Any, s: LongRangeSettings, log=print) -> d
 
 def write_report(out_dir: str, command: dict[str, str], cost: list[dict[str, Any]] | None,
                  caches: list[dict[str, Any]] | None, long_range: dict[str, Any] | None,
-                 fit_from: int, batch_size: int) -> list[str]:
+                 fit_from: int) -> list[str]:
   os.makedirs(out_dir, exist_ok=True)
   paths = {k: os.path.join(out_dir, f"claims{k}") for k in
            (".md", ".json", "_parallelism.png", "_long_range.png", "_memory.png")}
@@ -198,7 +200,7 @@ def write_report(out_dir: str, command: dict[str, str], cost: list[dict[str, Any
   text += [f"{part}:\n\n```\n{cmd}\n```\n" for part, cmd in command.items()]
   text += ["## Machine\n", sweep_lib.hardware_markdown(sweep_lib.hardware())]
   if cost:
-    text += _parallelism_md(cost, fit_from, batch_size)
+    text += _parallelism_md(cost, fit_from)
     _plot_parallelism(cost, paths["_parallelism.png"])
     text.append(f"\n![parallelism]({os.path.basename(paths['_parallelism.png'])})\n")
   if long_range:
@@ -227,8 +229,9 @@ def _e(v) -> str:
   return "-" if v is None else f"{v:.2f}"
 
 
-def _parallelism_md(cost, fit_from, batch_size) -> list[str]:
+def _parallelism_md(cost, fit_from) -> list[str]:
   kinds, by = _kinds(cost), _by(cost)
+  batch_size = cost[0]["batch_size"]
   lengths = sorted({r["n"] for r in cost})
   first = {k: next(r for r in cost if r["kind"] == k) for k in kinds}
   desc = "; ".join(f"`{k}`: {first[k]['model']}, d_model {first[k]['d_model']}, "
@@ -463,17 +466,26 @@ def main(argv: list[str]) -> None:
   cost, caches, long_range = previous.get("cost"), previous.get("decode_cache"), previous.get(
     "long_range")
   if "cost" in parts:
-    base = seq_len._load_module_config(_F.config.value)
-    lengths = [int(n) for n in _F.lengths.value]
-    cost = seq_len.cost_sweep(base, ["xla", "chunked", "lstm"], lengths, _F.batch.value,
-                              _F.steps.value, _F.max_step_s.value)
+    base = _F.config.value or seq_len._load_module_config(seq_len.DEFAULT_CONFIG)
+    if _F.cost_from.value:
+      with open(_F.cost_from.value) as f:
+        source = json.load(f)
+      cost = source["cost"]
+      lengths = sorted({r["n"] for r in cost})
+      commands["parallelism and memory"] = (
+        f"{command}\n# cost records read from {_F.cost_from.value}, measured by:\n"
+        f"{(source.get('commands') or {}).get('cost', '?')}")
+    else:
+      lengths = [int(n) for n in _F.lengths.value]
+      cost = seq_len.cost_sweep(base, ["xla", "chunked", "lstm"], lengths, _F.batch.value,
+                                _F.steps.value, _F.max_step_s.value)
+      commands["parallelism and memory"] = command
     caches = []
     for kind in ("xla", "lstm"):
       _, mc = seq_len.model_setup(base, kind, max(lengths))
       for n in lengths:
         caches.append({"kind": "transformer" if kind == "xla" else "lstm", "n": n,
                        "bytes": decode_cache_bytes(mc, n)})
-    commands["parallelism and memory"] = command
   if "long_range" in parts:
     distances = tuple(int(d) for d in _F.lr_distances.value if int(d) <= _F.lr_max_d.value)
     s = LongRangeSettings(_F.lr_d_model.value, _F.lr_layers.value, _F.lr_heads.value,
@@ -483,8 +495,7 @@ def main(argv: list[str]) -> None:
     models = [train_long_range(config, mc, s) for _, config, mc in long_range_configs(s)]
     long_range = {"settings": dataclasses.asdict(s), "models": models}
     commands["long-range dependencies"] = command
-  paths = write_report(_F.out.value, commands, cost, caches, long_range, _F.fit_from.value,
-                       _F.batch.value)
+  paths = write_report(_F.out.value, commands, cost, caches, long_range, _F.fit_from.value)
   print(f"wrote {', '.join(paths)}", flush=True)
 
 

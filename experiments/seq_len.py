@@ -43,7 +43,7 @@ import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from absl import app, flags
+from absl import app
 
 from experiments import sweep as sweep_lib
 
@@ -52,30 +52,29 @@ _F = types.SimpleNamespace()  # the command-line flags, once define_flags() ran
 
 def define_flags() -> None:
   """Defines this command's flags (only when it runs, so modules import together)."""
-  _F.part = flags.DEFINE_list("part", ["cost", "quality"], "cost, quality, or both.")
-  _F.config = flags.DEFINE_string("config", "configs/numbers.py", "Model config (cost part).")
-  _F.lengths = flags.DEFINE_list(
-    "lengths", [str(2**k) for k in range(6, 13)], "Sequence lengths n (source = target = n)."
-  )
-  _F.batch = flags.DEFINE_integer("batch_size", 2, "Rows per training step (cost).")
-  _F.kinds = flags.DEFINE_list(
-    "kinds", [], "Models: xla, chunked, cudnn (Transformer attention), lstm; default: all that "
-    "apply here (cudnn only on GPU)."
-  )
-  _F.steps = flags.DEFINE_integer("steps", 2, "Timed steps per length (best is kept).")
-  _F.max_step_s = flags.DEFINE_float("max_step_s", 20.0, "Do not time steps predicted slower.")
-  _F.max_run_gb = flags.DEFINE_float("max_run_gb", 6.0, "Do not run steps needing more memory.")
-  _F.fit_from = flags.DEFINE_integer("fit_from", 512, "Second fit: lengths >= this only.")
-  _F.quality_sweep = flags.DEFINE_string(
-    "quality_sweep", "configs/sweeps/seq_len.py", "Sweep file of the quality part."
-  )
-  _F.bins = flags.DEFINE_list(
-    "bins", ["16", "24", "32", "48", "64"], "Upper edges of the source-length bins (tokens)."
-  )
-  _F.out = flags.DEFINE_string("out", os.path.join("experiments", "results"), "Results directory.")
-  _F.root = flags.DEFINE_string("root", os.path.join("runs", "sweeps"), "Quality runs' root.")
+  flag = sweep_lib.define_flag
+  _F.part = flag("list", "part", ["cost", "quality"], "cost, quality, or both.")
+  _F.config = flag("config_file", "config", None,
+                   "Model of the cost part (default configs/numbers.py).")
+  _F.lengths = flag("list", "lengths", [str(2**k) for k in range(6, 13)],
+                    "Sequence lengths n (source = target = n).")
+  _F.batch = flag("integer", "batch_size", 2, "Rows per training step (cost).")
+  _F.kinds = flag("list", "kinds", [], "Models: xla, chunked, cudnn (Transformer attention), "
+                  "lstm; default: all that apply here (cudnn only on GPU).")
+  _F.steps = flag("integer", "steps", 2, "Timed steps per length (best is kept).")
+  _F.max_step_s = flag("float", "max_step_s", 20.0, "Do not time steps predicted slower.")
+  _F.max_run_gb = flag("float", "max_run_gb", 6.0, "Do not run steps needing more memory.")
+  _F.fit_from = flag("integer", "fit_from", 512, "Second fit: lengths >= this only.")
+  _F.quality_sweep = flag("string", "quality_sweep", "configs/sweeps/seq_len.py",
+                          "Sweep file of the quality part.")
+  _F.bins = flag("list", "bins", ["16", "24", "32", "48", "64"],
+                 "Upper edges of the source-length bins (tokens).")
+  _F.out = flag("string", "out", os.path.join("experiments", "results"), "Results directory.")
+  _F.root = flag("string", "root", os.path.join("runs", "sweeps"), "Quality runs' root.")
+
 
 TRANSFORMER_KINDS = ("xla", "chunked", "cudnn")
+DEFAULT_CONFIG = "configs/numbers.py"
 
 
 # ----------------------------------------------------------------------------- cost
@@ -379,15 +378,13 @@ def bleu_by_bin(sources: list[list[int]], hyps: list[str], refs: list[str],
   return out
 
 
-def evaluate_by_length(config: Any, workdir: str, bins: list[tuple[int, int | None]]
-                       ) -> dict[str, Any]:
-  """Translates the validation split with a trained workdir's newest checkpoint; BLEU by bin."""
+def evaluate_by_length(config: Any, workdir: str, pairs: list[tuple[str, str]],
+                       bins: list[tuple[int, int | None]]) -> dict[str, Any]:
+  """Translates `pairs`' sources with a trained workdir's newest checkpoint; BLEU by bin."""
   from transformer import bleu as bleu_lib
   from transformer.cli_translate import _load
-  from transformer.data import input_pipeline
 
   tokenizer, _, translator, params, label = _load(config, workdir, None)
-  pairs = input_pipeline.load_splits(config)["validation"]
   sources = [tokenizer.encode(s) for s, _ in pairs]
   hyps = [tokenizer.decode(ids) for ids in translator.translate_ids(params, sources)]
   refs = [t for _, t in pairs]
@@ -398,10 +395,6 @@ def evaluate_by_length(config: Any, workdir: str, bins: list[tuple[int, int | No
   }
 
 
-def train_length(sweep: sweep_lib.Sweep, point: sweep_lib.Point) -> int:
-  return int(sweep_lib.point_config(sweep, point).data.max_source_len)
-
-
 # ----------------------------------------------------------------------------- report
 
 
@@ -409,23 +402,24 @@ def _gb(b: int | None) -> str:
   return "-" if b is None else f"{b / 2**20:,.1f}"
 
 
-def write_report(out_dir: str, command: str, cost: list[dict[str, Any]] | None,
-                 quality: dict[str, Any] | None, fit_from: int, batch_size: int) -> list[str]:
-  """seq_len.md, seq_len.png and seq_len.json from the parts that ran."""
+def write_report(out_dir: str, commands: dict[str, str], cost: list[dict[str, Any]] | None,
+                 quality: dict[str, Any] | None, fit_from: int) -> list[str]:
+  """seq_len.md, seq_len.png and seq_len.json from the parts that ran (commands by part)."""
   os.makedirs(out_dir, exist_ok=True)
   md_path = os.path.join(out_dir, "seq_len.md")
   png_path = os.path.join(out_dir, "seq_len.png")
   json_path = os.path.join(out_dir, "seq_len.json")
   with open(json_path, "w") as f:
-    json.dump({"command": command, "cost": cost, "quality": quality}, f, indent=1)
+    json.dump({"commands": commands, "cost": cost, "quality": quality}, f, indent=1)
   _plot(cost, quality, png_path)
   text = ["# Sequence length: cost of a training step, and translating longer sentences\n",
           "Produced by `experiments/seq_len.py` (method in its docstring); every record is in "
           "`seq_len.json`.\n",
-          "## Command\n", f"```\n{command}\n```\n",
-          "## Machine\n", sweep_lib.hardware_markdown(sweep_lib.hardware())]
+          "## Commands\n"]
+  text += [f"{part}:\n\n```\n{cmd}\n```\n" for part, cmd in commands.items()]
+  text += ["## Machine\n", sweep_lib.hardware_markdown(sweep_lib.hardware())]
   if cost:
-    text += cost_markdown(cost, fit_from, batch_size)
+    text += cost_markdown(cost, fit_from)
   if quality:
     text += quality_markdown(quality)
   text.append(f"\n![seq_len]({os.path.basename(png_path)})\n")
@@ -434,7 +428,7 @@ def write_report(out_dir: str, command: str, cost: list[dict[str, Any]] | None,
   return [md_path, png_path, json_path]
 
 
-def cost_markdown(cost: list[dict[str, Any]], fit_from: int, batch_size: int) -> list[str]:
+def cost_markdown(cost: list[dict[str, Any]], fit_from: int) -> list[str]:
   kinds = list(dict.fromkeys(r["kind"] for r in cost))
   lengths = sorted({r["n"] for r in cost})
   by = {(r["kind"], r["n"]): r for r in cost}
@@ -443,6 +437,7 @@ def cost_markdown(cost: list[dict[str, Any]], fit_from: int, batch_size: int) ->
     f"`{k}`: {first[k]['model']} d_model {first[k]['d_model']}, {first[k]['layers']} + "
     f"{first[k]['layers']} layers, {first[k]['params']:,} parameters, {first[k]['dtype']}"
     for k in kinds)
+  batch_size = cost[0]["batch_size"]
   lines = ["## (a) Cost of one training step against n\n",
            f"Batch {batch_size} x n source + n target tokens. Models: {models}. "
            "`xla`/`chunked`/`cudnn` are the Transformer's attention implementations "
@@ -509,8 +504,9 @@ def quality_markdown(quality: dict[str, Any]) -> list[str]:
     rows.append(cells)
   return [
     "\n## (b) Translating sentences longer than any seen in training\n",
-    f"Sweep `{quality['sweep']}` (trained by the sweep runner; the per-point table is "
-    f"`{quality['sweep_name']}.md`). Validation BLEU of the whole validation split "
+    f"Sweep `{quality['sweep']}` (trained by the sweep runner in "
+    f"`{quality.get('workdirs', quality['sweep_name'])}/`). Validation BLEU of the whole "
+    "validation split "
     f"({quality['sentences']} sentences) by bin of source length in tokens (EOS included; "
     "sentence count in brackets), decoding as in the config "
     f"(beam {quality['beam_size']}). * marks bins entirely longer than the model's training "
@@ -573,32 +569,36 @@ def run_quality(sweep_spec: str, root: str, bins: list[tuple[int, int | None]],
                 log=print) -> dict[str, Any]:
   """Trains the sweep's points (skipping finished ones) and evaluates each by length bin."""
   from transformer.data import input_pipeline
+  from transformer.data.tokenizer import Tokenizer
 
   sweep = sweep_lib.load_sweep(sweep_spec)
   failed = sweep_lib.run_points(sweep_spec, sweep, root, parallel=1, log=log)
   if failed:
     raise RuntimeError(f"quality sweep points failed: {', '.join(failed)}")
   rows = {r["name"]: r for r in sweep_lib.collect(sweep, root)}
+  splits = input_pipeline.load_splits(sweep.config)  # the points do not change the data
+  tokenized: dict[bytes, tuple[list, list]] = {}
   models = []
   for p in sweep.points:
     config = sweep_lib.point_config(sweep, p)
     workdir = sweep_lib.workdir_of(root, sweep.name, p)
     log(f"[seq_len quality] {p.name}: translating the validation split")
-    result = evaluate_by_length(config, workdir, bins)
-    tokenizer_path = os.path.join(workdir, "vocab", "spm.model")
-    from transformer.data.tokenizer import Tokenizer
-
-    tok = Tokenizer.load(tokenizer_path)
-    train = input_pipeline.load_splits(config)["train"]
-    src, tgt = input_pipeline.tokenize_pairs(tok, train)
-    limit = int(config.data.max_source_len)
-    kept = sum(1 for s, t in zip(src, tgt, strict=True)
-               if len(s) <= limit and len(t) <= int(config.data.max_target_len))
-    models.append({"point": p.name, "max_len": limit, "step": rows[p.name]["step"],
-                   "train_kept": kept, "train_total": len(train), "eval": result,
-                   "eval_bleu_sweep": rows[p.name]["eval/bleu"]})
+    result = evaluate_by_length(config, workdir, splits["validation"], bins)
+    # How many training pairs the point kept: the input pipeline's own filter.
+    vocab = os.path.join(workdir, "vocab", "spm.model")
+    with open(vocab, "rb") as f:
+      key = f.read()
+    if key not in tokenized:
+      tokenized[key] = input_pipeline.tokenize_pairs(Tokenizer.load(vocab), splits["train"])
+    kept = input_pipeline.TrainBatches(*tokenized[key], config, batch_multiple=1).num_examples
+    models.append({"point": p.name, "max_len": int(config.data.max_source_len),
+                   "step": rows[p.name]["step"], "train_kept": kept,
+                   "train_total": len(splits["train"]), "eval": result,
+                   "eval_bleu_sweep": rows[p.name]["eval/bleu"],
+                   "test_bleu_sweep": rows[p.name]["test/bleu"]})
   return {"sweep": sweep_spec, "sweep_name": sweep.name, "models": models,
-          "sentences": sum(b["sentences"] for b in models[0]["eval"]["bins"]),
+          "workdirs": os.path.join(root, sweep.name),
+          "sentences": len(splits["validation"]),
           "beam_size": int(sweep.config.decode.beam_size)}
 
 
@@ -611,23 +611,25 @@ def main(argv: list[str]) -> None:
   from transformer.errors import UserError
 
   command = sweep_lib.command_line()
-  cost = quality = None
+  # A part that does not run keeps its results (and command) from the last run.
+  old = _previous(os.path.join(_F.out.value, "seq_len.json"))
+  commands = dict(old.get("commands") or {})
+  cost, quality = old.get("cost"), old.get("quality")
   try:
     if "cost" in parts:
-      base = _load_module_config(_F.config.value)
+      base = _F.config.value or _load_module_config(DEFAULT_CONFIG)
       kinds = _F.kinds.value or default_kinds()
       lengths = [int(n) for n in _F.lengths.value]
-      cost = cost_sweep(base, kinds, lengths, _F.batch.value, _F.steps.value, _F.max_step_s.value,
-                        _F.max_run_gb.value * 1e9)
+      cost = cost_sweep(base, kinds, lengths, _F.batch.value, _F.steps.value,
+                        _F.max_step_s.value, _F.max_run_gb.value * 1e9)
+      commands["cost"] = command
     if "quality" in parts:
       quality = run_quality(_F.quality_sweep.value, _F.root.value,
                             length_bins([int(b) for b in _F.bins.value]))
+      commands["quality"] = command
   except (UserError, ValueError) as e:
     sweep_lib._fail(str(e))
-  old = _previous(os.path.join(_F.out.value, "seq_len.json"))
-  cost = cost if cost is not None else old.get("cost")
-  quality = quality if quality is not None else old.get("quality")
-  paths = write_report(_F.out.value, command, cost, quality, _F.fit_from.value, _F.batch.value)
+  paths = write_report(_F.out.value, commands, cost, quality, _F.fit_from.value)
   print(f"wrote {', '.join(paths)}", flush=True)
 
 

@@ -45,26 +45,43 @@ from absl import app, flags
 _F = types.SimpleNamespace()  # the command-line flags, once define_flags() ran
 
 
-def define_flags() -> None:
-  """Defines this command's flags (only when it runs, so modules import together)."""
-  _F.sweep = flags.DEFINE_string(
-    "sweep", None, "Sweep file with get_config(arg) and sweep(arg): configs/sweeps/heads.py:wmt."
-  )
-  _F.name = flags.DEFINE_string("name", None, "Sweep name (default: the sweep file's name).")
-  _F.root = flags.DEFINE_string("root", os.path.join("runs", "sweeps"), "Workdirs: ROOT/NAME/.")
-  _F.results = flags.DEFINE_string(
-    "results", os.path.join("experiments", "results"), "Directory of NAME.md and NAME.png."
-  )
-  _F.parallel = flags.DEFINE_integer("parallel", 1, "Points trained at once (child processes).")
-  _F.only = flags.DEFINE_list("only", [], "Run only these points (the report still lists all).")
-  _F.set = flags.DEFINE_multi_string(
-    "set", [], "KEY=VALUE override for every point (after the point's own), e.g. "
-    "--set=num_train_steps=100; the value is parsed as JSON, else taken as a string."
-  )
-  _F.report_only = flags.DEFINE_bool("report_only", False, "Train nothing; report what is there.")
-  _F.child = flags.DEFINE_string("child", None, "Internal: train this one point in this process.")
+def define_flag(kind: str, name: str, default: Any, help_: str, **kwargs: Any) -> Any:
+  """Defines a flag (`kind`: string, integer, ..., or config_file) and returns its holder.
 
-FLAGS = flags.FLAGS
+  experiments/benchmark.py defines its flags (config, batch_size, steps, ...) when imported,
+  and the experiments import it: it is imported first here, and a flag it already defined is
+  reused (with `default` as its new default) instead of defined twice.
+  """
+  import experiments.benchmark  # noqa: F401 - defines its flags on import; ours come after
+
+  if name in flags.FLAGS:
+    if default is not None:
+      flags.FLAGS.set_default(name, default)
+    return flags.FlagHolder(flags.FLAGS, flags.FLAGS[name])
+  if kind == "config_file":
+    from ml_collections import config_flags
+
+    return config_flags.DEFINE_config_file(name, default, help_, lock_config=True)
+  return getattr(flags, f"DEFINE_{kind}")(name, default, help_, **kwargs)
+
+
+def define_flags() -> None:
+  """Defines the sweep command's flags (only when it runs, so modules import together)."""
+  flag = define_flag
+  _F.sweep = flag("string", "sweep", None, "Sweep file with get_config(arg) and sweep(arg), "
+                  "e.g. configs/sweeps/heads.py:wmt.")
+  _F.name = flag("string", "name", None, "Sweep name (default: the sweep file's name).")
+  _F.root = flag("string", "root", os.path.join("runs", "sweeps"), "Workdirs: ROOT/NAME/.")
+  _F.results = flag("string", "results", os.path.join("experiments", "results"),
+                    "Directory of NAME.md and NAME.png.")
+  _F.parallel = flag("integer", "parallel", 1, "Points trained at once (child processes).")
+  _F.only = flag("list", "only", [], "Run only these points (the report still lists all).")
+  _F.set = flag("multi_string", "set", [], "KEY=VALUE override for every point (after the "
+                "point's own), e.g. --set=num_train_steps=100; the value is parsed as JSON, "
+                "else taken as a string.")
+  _F.report_only = flag("bool", "report_only", False, "Train nothing; report what is there.")
+  _F.child = flag("string", "child", None, "Internal: train this one point in this process.")
+
 
 FINAL_KEYS = ("eval/perplexity", "eval/bleu", "test/bleu", "eval/accuracy", "eval/loss")
 
@@ -294,7 +311,7 @@ def hardware_markdown(hw: dict[str, Any]) -> str:
 
 
 def command_line(argv: Sequence[str] | None = None) -> str:
-  """The command that is running, as `python -m module args...` when run as a module."""
+  """The running command, `[XLA_FLAGS=...] [nice -n N] python -m module args...`."""
   argv = list(sys.argv if argv is None else argv)
   prog = argv[0]
   main = sys.modules.get("__main__")
@@ -303,7 +320,10 @@ def command_line(argv: Sequence[str] | None = None) -> str:
     head = ["python", "-m", spec.name]
   else:
     head = ["python", prog]
-  return " ".join(shlex.quote(a) for a in head + argv[1:])
+  env = [f"XLA_FLAGS={shlex.quote(os.environ['XLA_FLAGS'])}"] if "XLA_FLAGS" in os.environ else []
+  niceness = os.nice(0)
+  prefix = env + (["nice", "-n", str(niceness)] if niceness > 0 else [])
+  return " ".join(prefix + [shlex.quote(a) for a in head + argv[1:]])
 
 
 def fmt(value: Any, digits: int = 2) -> str:

@@ -4,6 +4,7 @@ the sequence-length cost measurement, the long-range task, and the attention-map
 Tiny models and few steps only; no assertion on speed.
 """
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -176,28 +177,61 @@ def test_heads_report_from_rows(tmp_path):
 # ----------------------------------------------------------------------------- seq_len
 
 
-def test_seq_len_cost_tiny():
-  """Memory from compilation only, loop counts, timing and its skipping, exponent fits."""
+@pytest.fixture(scope="module")
+def tiny_cost():
+  """seq_len.cost_sweep on configs/numbers.py:tiny: xla at n = 8, 16 and lstm at n = 8."""
   base = numbers.get_config("tiny")
-  records = seq_len.cost_sweep(base, ["xla", "lstm"], [8, 16], batch_size=2, steps=1,
-                               max_step_s=1e-6, log=lambda *_: None)
+  quiet = lambda *_: None
+  return (seq_len.cost_sweep(base, ["xla"], [8, 16], 2, steps=1, max_step_s=1e-6, log=quiet)
+          + seq_len.cost_sweep(base, ["lstm"], [8], 2, steps=1, log=quiet))
+
+
+def test_seq_len_cost_tiny(tiny_cost):
+  """Memory from compilation only, loop counts, timing and its skipping, exponent fits."""
+  records = tiny_cost
   by = {(r["kind"], r["n"]): r for r in records}
-  assert set(by) == {("xla", 8), ("xla", 16), ("lstm", 8), ("lstm", 16)}
+  assert set(by) == {("xla", 8), ("xla", 16), ("lstm", 8)}
   for r in records:
     assert r["temp_memory_bytes"] > 0 and r["peak_memory_bytes"] >= r["temp_memory_bytes"]
   # The first length is timed; the second is predicted slower than the 1 us limit: skipped.
   assert by[("xla", 8)]["step_s"] > 0 and by[("xla", 16)]["step_s"] is None
   assert "predicted" in by[("xla", 16)]["timing_skipped"]
+  assert by[("lstm", 8)]["step_s"] > 0
   assert by[("xla", 16)]["temp_memory_bytes"] > by[("xla", 8)]["temp_memory_bytes"]
   # No loop in the Transformer's step; the 1-layer LSTM has 3 scans of n (encoder forward and
   # backward directions, decoder) in the forward pass and 3 in the backward pass.
   assert by[("xla", 16)]["hlo_iterations"] == 0
-  assert by[("lstm", 16)]["hlo_trip_counts"] == [16] * 6
-  assert by[("lstm", 16)]["hlo_iterations"] == 6 * 16
+  assert by[("lstm", 8)]["hlo_trip_counts"] == [8] * 6
+  assert by[("lstm", 8)]["hlo_iterations"] == 6 * 8
   # Equal parameter counts (to the LSTM's nearest width).
   assert abs(by[("lstm", 8)]["params"] / by[("xla", 8)]["params"] - 1) < 0.05
-  exp = seq_len.exponents(records, "hlo_iterations", 8)
-  assert exp["lstm"][0] == pytest.approx(1.0)
+  exp = seq_len.exponents(records, "temp_memory_bytes", 8)
+  assert exp["xla"][0] > 0 and exp["lstm"] == (None, None)
+
+
+def test_reports_from_records(tiny_cost, tmp_path):
+  """seq_len.md and claims.md (tables, exponents, the Table 1 comparison) from tiny records."""
+  from experiments import claims
+
+  bins = [{"bin": "1-16", "lo": 1, "hi": 16, "sentences": 3, "bleu": 50.0},
+          {"bin": ">16", "lo": 17, "hi": None, "sentences": 2, "bleu": 10.0}]
+  quality = {"sweep": "s.py", "sweep_name": "s", "sentences": 5, "beam_size": 1,
+             "models": [{"point": "max16", "max_len": 16, "step": 3, "train_kept": 7,
+                         "train_total": 9, "eval": {"bleu_all": 30.0, "bins": bins}}]}
+  paths = seq_len.write_report(str(tmp_path), {"cost": "c1", "quality": "c2"}, tiny_cost,
+                               quality, 8)
+  md = open(paths[0]).read()
+  assert "c1" in md and "c2" in md and "| 16 |" in md and "not timed" in md
+  assert "| 16 | 7 / 9 | 3 | 30.00 | 50.00 | 10.00 * |" in md
+  lr = {"settings": dataclasses.asdict(claims.LongRangeSettings()),
+        "models": [{"kind": k, "d_model": 8, "params": 100, "train_s": 1.0,
+                    "losses": [(1, 0.5)], "accuracy": {"2": 1.0, "400": a}, "steps": 1}
+                   for k, a in (("transformer", 1.0), ("lstm", 0.125))]}
+  caches = [{"kind": k, "n": n, "bytes": 10 * n} for k in ("transformer", "lstm") for n in (8, 16)]
+  paths = claims.write_report(str(tmp_path), {"cost": "c3"}, tiny_cost, caches, lr, 8)
+  md = open(paths[0]).read()
+  assert "O(n^2 d)" in md and "accuracy 0.12 at d=400" in md and "| lstm |" in md
+  assert all(os.path.getsize(p) > 0 for p in paths)
 
 
 def test_loop_iterations_nested():
