@@ -1,0 +1,161 @@
+"""The training benchmark: its JSON record, the peer's FLOP count, compile-only mode, errors.
+
+Tiny shapes only, and no assertion on speed: the numbers depend on the machine.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import pytest
+
+from configs import wmt
+from experiments import benchmark
+from transformer.errors import ConfigError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+B, S, T, VOCAB = 8, 6, 5, 128  # S != T, so source and target terms cannot be swapped unseen
+
+
+def _peer_flops(d, f, layers, vocab, b, s, t):
+  """The PyTorch peer's count, written out independently: 2 FLOPs per multiply-add forward,
+  3x for forward + backward; per token the matmul parameters it touches, plus QK^T and AV."""
+  encoder_params = layers * (4 * d * d + 2 * d * f)  # Q, K, V, O and the two FFN matrices
+  decoder_params = layers * (8 * d * d + 2 * d * f) + d * vocab  # self + cross + FFN + logits
+  forward = 2 * (b * s * encoder_params + b * t * decoder_params)
+  forward += 2 * 2 * b * d * layers * (s * s + t * t + t * s)
+  return 3 * forward
+
+
+def _last_json(stdout: str) -> dict:
+  lines = [line for line in stdout.splitlines() if line.strip()]
+  return json.loads(lines[-1])
+
+
+def test_flop_count_matches_the_peer_formula():
+  assert benchmark.model_flops_per_step(512, 2048, 6, 8192, 32, 64, 64) == _peer_flops(
+    512, 2048, 6, 8192, 32, 64, 64
+  )
+  assert benchmark.model_flops_per_step(32, 64, 1, VOCAB, B, S, T) == _peer_flops(
+    32, 64, 1, VOCAB, B, S, T
+  )
+
+
+def test_benchmark_main_one_step():
+  """The command line on configs/wmt.py:tiny (8 simulated devices), one timed step."""
+  cmd = [
+    sys.executable,
+    "-m",
+    "experiments.benchmark",
+    "--config=configs/wmt.py:tiny",
+    f"--config.model.vocab_size={VOCAB}",
+    f"--batch_size={B}",
+    f"--src_len={S}",
+    f"--tgt_len={T}",
+    "--steps=1",
+    "--warmup_steps=1",
+    "--matmul_size=128",
+  ]
+  proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  r = _last_json(proc.stdout)
+
+  assert r["model_flops_per_step"] == _peer_flops(32, 64, 1, VOCAB, B, S, T)
+  assert r["tokens_per_step"] == B * (S + T)
+  for key in (
+    "tokens_per_s",
+    "step_s",
+    "step_s_median",
+    "first_step_s",
+    "matmul_flops_per_s",
+    "step_cpu_s",
+    "achieved_flops_per_s",
+    "fraction_of_matmul_peak",
+    "compile_s",
+    "lower_s",
+    "temp_memory_bytes",
+    "peak_memory_bytes",
+    "argument_memory_bytes",
+    "params",
+  ):
+    assert r[key] > 0, key
+  assert r["step_s_stat"] == "best"
+  assert len(r["step_times_s"]) == 1 and r["step_s"] == min(r["step_times_s"])
+  assert r["step_s"] <= r["step_s_median"]
+  assert r["tokens_per_s"] == pytest.approx(B * (S + T) / r["step_s"], rel=1e-9)
+  assert r["achieved_flops_per_s"] == pytest.approx(r["model_flops_per_step"] / r["step_s"])
+  assert r["fraction_of_matmul_peak"] == pytest.approx(
+    r["achieved_flops_per_s"] / r["matmul_flops_per_s"]
+  )
+  assert r["lower_s"] < r["compile_s"]
+  assert r["peak_memory_bytes"] == (
+    r["argument_memory_bytes"]
+    + r["output_memory_bytes"]
+    - r["alias_memory_bytes"]
+    + r["temp_memory_bytes"]
+  )
+  assert r["peak_memory_bytes"] >= r["temp_memory_bytes"]
+  assert r["last_loss"] > 0
+
+  expected = {
+    "d_model": 32,
+    "layers": 1,
+    "heads": 4,
+    "d_ff": 64,
+    "vocab": VOCAB,
+    "dtype": "float32",
+    "attention": "xla",
+    "scan_layers": False,
+    "remat": "none",
+    "dropout": 0.1,
+    "devices": jax.device_count(),
+    "backend": "cpu",
+    "batch_size": B,
+    "src_len": S,
+    "tgt_len": T,
+    "steps": 1,
+  }
+  assert {k: r[k] for k in expected} == expected
+  # d*V embedding + per layer: 4 d^2 (enc attention) + 8 d^2 (dec attentions) + 2 x FFN
+  # (2 d f + f + d) + layer norms (2 x 2d enc, 3 x 2d dec).
+  d, f = 32, 64
+  assert r["params"] == d * VOCAB + 12 * d * d + 2 * (2 * d * f + f + d) + 10 * d
+
+
+def test_compile_only_has_no_timings():
+  """steps=0 (in process): compiled and analysed, nothing run, timing fields null."""
+  config = wmt.get_config("tiny")
+  config.model.scan_layers = True
+  r = benchmark.run_benchmark(config, B, S, T, steps=0)
+  assert config.data.vocab_size == config.model.vocab_size
+  for key in (
+    "tokens_per_s",
+    "step_s",
+    "step_s_median",
+    "first_step_s",
+    "matmul_flops_per_s",
+    "step_cpu_s",
+    "fraction_of_matmul_peak",
+    "achieved_flops_per_s",
+  ):
+    assert r[key] is None, key
+  assert r["step_times_s"] == [] and r["steps"] == 0
+  assert r["compile_s"] > 0 and r["temp_memory_bytes"] > 0 and r["scan_layers"] is True
+  assert r["model_flops_per_step"] == _peer_flops(32, 64, 1, 256, B, S, T)
+  json.dumps(r)  # the record is JSON-serialisable as it stands
+
+
+@pytest.mark.parametrize(
+  "kwargs, field",
+  [
+    ({"batch_size": 4}, "--batch_size"),
+    ({"src_len": 500}, "--src_len"),
+    ({"steps": -1}, "--steps"),
+  ],
+)
+def test_bad_shapes_are_config_errors(kwargs, field):
+  args = {"batch_size": B, "src_len": S, "tgt_len": T, "steps": 0, **kwargs}
+  with pytest.raises(ConfigError, match=field):
+    benchmark.run_benchmark(wmt.get_config("tiny"), **args)
