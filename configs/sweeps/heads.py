@@ -47,12 +47,14 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
     return config
   config = numbers.get_config()
   config.name = "heads"
+  config.model.d_model = 128  # divisible by every h up to 32 (h = 32: d_k = 4)
   config.num_train_steps = 300
   config.optimizer.warmup_steps = 200
   config.log_every_steps = 25
   config.eval_every_steps = 300  # the final evaluation only
   config.checkpoint_every_steps = 100
   config.keep_checkpoints = 1
+  config.average_last_checkpoints = 0  # the final parameters, as Table 3 (no averaging)
   config.eval_bleu_sentences = 200
   config.decode.beam_size = 1  # greedy: beam 4 would double each point's time on 2 cores
   config.num_samples_to_print = 0

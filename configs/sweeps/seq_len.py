@@ -41,6 +41,7 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   config.eval_every_steps = 300
   config.checkpoint_every_steps = 100
   config.keep_checkpoints = 1
+  config.average_last_checkpoints = 0  # evaluate the final parameters
   config.eval_bleu_sentences = 200
   config.decode.beam_size = 1
   config.num_samples_to_print = 0
