@@ -206,3 +206,20 @@ def test_auto_dtype_is_float32_on_cpu_and_bfloat16_on_accelerators(monkeypatch):
   assert cfg.compute_dtype == jnp.float32  # the tests run on CPU
   monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
   assert cfg.compute_dtype == jnp.bfloat16
+
+
+@pytest.mark.parametrize("remat", ["full", "dots"])
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_rematerialisation_changes_no_gradient(remat, scan_layers):
+  rng = np.random.default_rng(6)
+  src, tgt = _tokens(rng, (2, 6)), _tokens(rng, (2, 5))
+  base = dataclasses.replace(TINY, scan_layers=scan_layers)
+  variables = _init(base, src, tgt)
+
+  def grads(cfg):
+    loss = lambda v: jnp.sum(Transformer(cfg).apply(v, src, tgt) ** 2)
+    return jax.jit(jax.grad(loss))(variables)
+
+  for a, b in zip(jax.tree.leaves(grads(base)),
+                  jax.tree.leaves(grads(dataclasses.replace(base, remat=remat))), strict=True):
+    np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5)  # fusion order differs
