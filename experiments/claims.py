@@ -53,7 +53,7 @@ def define_flags() -> None:
                    "Model of the cost part (default configs/numbers.py).")
   _F.lengths = flag("list", "lengths", [str(2**k) for k in range(5, 12)], "Lengths n.")
   _F.batch = flag("integer", "batch_size", 2, "Rows per step in the cost part.")
-  _F.steps = flag("integer", "steps", 2, "Timed steps per length (best is kept).")
+  _F.steps = flag("integer", "steps", 3, "Timed steps per length (best is kept).")
   _F.max_step_s = flag("float", "max_step_s", 20.0, "Do not time steps predicted slower.")
   _F.fit_from = flag("integer", "fit_from", 256, "Exponents are fitted over n >= this too.")
   _F.cost_from = flag(
@@ -64,10 +64,13 @@ def define_flags() -> None:
   _F.lr_heads = flag("integer", "lr_heads", 2, "Long range: heads.")
   _F.lr_keys = flag("integer", "lr_keys", 8, "Long range: number of key symbols.")
   _F.lr_max_d = flag("integer", "lr_max_distance", 400, "Long range: largest distance d.")
-  _F.lr_steps = flag("integer", "lr_steps", 600, "Long range: training steps per model.")
+  _F.lr_steps = flag("integer", "lr_steps", 1000, "Long range: training steps per model.")
   _F.lr_batch = flag("integer", "lr_batch_size", 16, "Long range: rows per training step.")
   _F.lr_warmup = flag("integer", "lr_warmup", 100, "Long range: warm-up steps.")
   _F.lr_eval = flag("integer", "lr_eval_examples", 128, "Long range: examples per distance.")
+  _F.lr_distributions = flag("list", "lr_distributions", ["uniform", "log_uniform"],
+                             "Long range: distributions of the training distances; both "
+                             "models are trained once per distribution.")
   _F.lr_distances = flag("list", "lr_distances",
                          ["2", "5", "10", "25", "50", "100", "200", "300", "400"],
                          "Long range: distances evaluated (at most --lr_max_distance).")
@@ -97,9 +100,10 @@ class LongRangeSettings:
   heads: int = 2
   num_keys: int = 8
   max_distance: int = 400
-  steps: int = 600
+  steps: int = 1000
   batch_size: int = 16
   warmup: int = 100
+  distribution: str = "log_uniform"  # of the training distances: uniform | log_uniform
   eval_examples: int = 128
   distances: tuple[int, ...] = (2, 5, 10, 25, 50, 100, 200, 300, 400)
   seed: int = 0
@@ -153,7 +157,8 @@ def train_long_range(config: Any, mc: Any, s: LongRangeSettings, log=print) -> d
   losses = []
   t0 = time.time()
   for step in range(s.steps):
-    batch = tasks.training_batch(host, s.batch_size, 2, s.max_distance, s.num_keys)
+    batch = tasks.training_batch(host, s.batch_size, 2, s.max_distance, s.num_keys,
+                                 s.distribution)
     batch = sharding_lib.local_batch_to_global(
       {"inputs": batch["inputs"], "targets": batch["targets"]}, mesh)
     state, metrics = trainer.train_step(state, batch, rng)
@@ -163,8 +168,8 @@ def train_long_range(config: Any, mc: Any, s: LongRangeSettings, log=print) -> d
     if (step + 1) % 50 == 0 or step + 1 == s.steps:
       m = jax.device_get(metrics)
       losses.append((step + 1, float(m["loss"] / m["tokens"])))
-      log(f"[claims long range] {mc.kind}: step {step + 1}/{s.steps}  loss {losses[-1][1]:.4f}"
-          f"  ({time.time() - t0:.0f} s)")
+      log(f"[claims long range] {mc.kind}, d {s.distribution}: step {step + 1}/{s.steps}  "
+          f"loss {losses[-1][1]:.4f}  ({time.time() - t0:.0f} s)")
   jax.block_until_ready(state)
   train_s = time.time() - t0
   step_s = (time.time() - t1) / max(s.steps - 1, 1)
@@ -179,7 +184,7 @@ def train_long_range(config: Any, mc: Any, s: LongRangeSettings, log=print) -> d
     logits = apply(state.params, jnp.asarray(batch["inputs"]), jnp.asarray(batch["targets"]))
     pred = np.asarray(jnp.argmax(logits[np.arange(s.eval_examples), batch["distance"]], -1))
     accuracy[str(int(d))] = float(np.mean(pred == batch["answer"]))
-  log(f"[claims long range] {mc.kind}: accuracy by distance {accuracy}")
+  log(f"[claims long range] {mc.kind}, d {s.distribution}: accuracy by distance {accuracy}")
   params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state.params))
   return {"kind": mc.kind, "d_model": mc.d_model, "params": params, "accuracy": accuracy,
           "losses": losses, "train_s": train_s, "step_s": step_s, "steps": s.steps}
@@ -216,7 +221,7 @@ def write_report(out_dir: str, command: dict[str, str], cost: list[dict[str, Any
     text += _memory_md(cost, caches or [], fit_from)
     _plot_memory(cost, caches or [], paths["_memory.png"])
     text.append(f"\n![memory]({os.path.basename(paths['_memory.png'])})\n")
-  text += _table1_md(cost, long_range, fit_from)
+  text += _table1_md(cost, caches, long_range, fit_from)
   with open(paths[".md"], "w") as f:
     f.write("\n".join(text))
   return [p for p in paths.values() if os.path.exists(p)]
@@ -277,22 +282,26 @@ def _parallelism_md(cost, fit_from) -> list[str]:
 
 def _long_range_md(lr) -> list[str]:
   s = lr["settings"]
-  models = lr["models"]
-  distances = sorted({int(d) for m in models for d in m["accuracy"]})
-  header = ["model", "d_model", "params", "step (ms)", "train (s)", "final loss"] + [
-    f"d={d}" for d in distances]
-  rows = [[m["kind"], m["d_model"], f"{m['params']:,}",
-           sweep_lib.fmt(1e3 * m["step_s"] if m.get("step_s") else None, 1), f"{m['train_s']:.0f}",
-           f"{m['losses'][-1][1]:.3f}"]
-          + [sweep_lib.fmt(m["accuracy"].get(str(d))) for d in distances] for m in models]
+  runs = lr["runs"]
+  distances = sorted({int(d) for r in runs for m in r["models"] for d in m["accuracy"]})
+  header = ["training distances", "model", "d_model", "params", "step (ms)", "train (s)",
+            "final loss"] + [f"d={d}" for d in distances]
+  rows = [[r["distribution"].replace("_", "-"), m["kind"], m["d_model"], f"{m['params']:,}",
+           sweep_lib.fmt(1e3 * m["step_s"] if m.get("step_s") else None, 1),
+           f"{m['train_s']:.0f}", f"{m['losses'][-1][1]:.3f}"]
+          + [sweep_lib.fmt(m["accuracy"].get(str(d))) for d in distances]
+          for r in runs for m in r["models"]]
   return [
     "\n## 2. Long-range dependencies: recall after d positions\n",
     f"Task: experiments/tasks.py (the answer is the token exactly d positions back; blanks in "
-    f"between; {s['num_keys']} keys, chance {1 / s['num_keys']:.3f}). Both models trained "
-    f"{s['steps']} steps of {s['batch_size']} sequences with d uniform in [2, "
-    f"{s['max_distance']}] (the same batches), Adam with the paper's schedule (warm-up "
+    f"between; {s['num_keys']} keys, chance {1 / s['num_keys']:.3f}). For each distribution of "
+    f"the training distances d in [2, {s['max_distance']}] (uniform: every d equally likely, "
+    "so almost all are long; log-uniform: each factor of two equally likely, so short ones are "
+    f"common), both models are trained {s['steps']} steps of {s['batch_size']} sequences (the "
+    "same batches for both), Adam with the paper's schedule (warm-up "
     f"{s['warmup']}), no label smoothing; Transformer {s['layers']} + {s['layers']} layers, "
-    f"{s['heads']} heads, d_model {s['d_model']}. Accuracy of the answer token on "
+    f"{s['heads']} heads, d_model {s['d_model']}; the LSTM has {s['layers']} + {s['layers']} "
+    "layers and the width that matches the parameter count. Accuracy of the answer token on "
     f"{s['eval_examples']} fresh examples per distance (teacher-forced; argmax at the answer "
     "position). step (ms): mean training-step time after the first (compiling) step; "
     "train (s): all steps, compilation included.\n",
@@ -330,13 +339,17 @@ def _memory_md(cost, caches, fit_from) -> list[str]:
   return lines
 
 
-def _table1_md(cost, lr, fit_from) -> list[str]:
-  """The paper's Table 1 (and the folk memory claim) beside what was measured."""
+def _table1_md(cost, caches, lr, fit_from) -> list[str]:
+  """The paper's Table 1 and the folk memory claim beside what was measured."""
   if not cost:
     return []
   t_exp = seq_len.exponents(cost, "step_s", fit_from)
   m_exp = seq_len.exponents(cost, "temp_memory_bytes", fit_from)
   i_exp = seq_len.exponents(cost, "hlo_iterations", fit_from)
+  c_exp = {}
+  for family in dict.fromkeys(c["kind"] for c in caches or []):
+    cs = [c for c in caches if c["kind"] == family]
+    c_exp[family] = seq_len.fit_exponent([c["n"] for c in cs], [c["bytes"] for c in cs])
   by = _by(cost)
   n_max = max(r["n"] for r in cost)
 
@@ -344,36 +357,46 @@ def _table1_md(cost, lr, fit_from) -> list[str]:
     r = by.get((kind, n_max))
     return "-" if r is None else f"{r['hlo_iterations']:,} at n={n_max}"
 
-  def acc(kind):
+  def acc(family):
     if not lr:
       return "not run"
-    m = next((m for m in lr["models"] if m["kind"] == kind), None)
-    if m is None:
-      return "-"
-    d = max(int(k) for k in m["accuracy"])
-    return f"accuracy {m['accuracy'][str(d)]:.2f} at d={d}"
+    parts = []
+    for run in lr["runs"]:
+      m = next((m for m in run["models"] if m["kind"] == family), None)
+      if m is not None:
+        d = max(int(k) for k in m["accuracy"])
+        parts.append(f"{m['accuracy'][str(d)]:.2f} at d={d} "
+                     f"({run['distribution'].replace('_', '-')})")
+    return "accuracy " + "; ".join(parts) if parts else "-"
 
+  def power(v):
+    return "-" if v is None else f"n^{max(v, 0.0):.2f}"
+
+  # kind: (family, compute, sequential ops, path length, folk training memory)
+  claims = {"xla": ("transformer", "O(n^2 d)", "O(1)", "O(1)", "O(1)"),
+            "chunked": ("transformer", "O(n^2 d)", "O(1)", "O(1)", "O(1)"),
+            "cudnn": ("transformer", "O(n^2 d)", "O(1)", "O(1)", "O(1)"),
+            "lstm": ("lstm", "O(n d^2)", "O(n)", "O(n)", "O(n)"),
+            "lstm_noattn": ("lstm", "O(n d^2)", "O(n)", "O(n)", "O(n)")}
   rows = []
-  for kind, claim in (("xla", ("O(n^2 d)", "O(1)", "O(1)", "O(n^2) (attention weights)")),
-                      ("chunked", ("O(n^2 d)", "O(1)", "O(1)", "O(n) with chunking")),
-                      ("lstm", ("O(n d^2)", "O(n)", "O(n)", "O(n)"))):
-    if not any(r["kind"] == kind for r in cost):
-      continue
-    model = "transformer" if kind != "lstm" else "lstm"
-    rows.append([kind, claim[0], f"n^{_e(t_exp[kind][1])}", claim[1],
-                 f"n^{_e(i_exp[kind][1])} ({iters(kind)})", claim[2], acc(model), claim[3],
-                 f"n^{_e(m_exp[kind][1])}"])
+  for kind in _kinds(cost):
+    family, compute, seq_ops, path, memory = claims[kind]
+    rows.append([kind, compute, power(t_exp[kind][1]), seq_ops,
+                 f"{power(i_exp[kind][1])} ({iters(kind)})", path, acc(family), memory,
+                 power(m_exp[kind][1]), power(c_exp.get(family))])
   return [
     "\n## The complexity table against the measurements\n",
     "Claimed: the paper's Table 1 (per layer: complexity, sequential operations, maximum path "
-    "length; self-attention O(n^2 d), O(1), O(1); recurrent O(n d^2), O(n), O(n)) and, for "
-    "memory, what attention is usually said to need. Measured: exponents fitted over n >= "
-    f"{fit_from} (time, sequential loop iterations, training memory), and the long-range "
-    "accuracy at the largest distance.\n",
+    "length; self-attention O(n^2 d), O(1), O(1); recurrent O(n d^2), O(n), O(n)) and the folk "
+    "memory claim \"RNN O(n) memory, Transformer O(1)\". Measured: growth exponents fitted over "
+    f"n >= {fit_from} (step time, sequential loop iterations, training memory; the decoding "
+    "cache over all n; n^0.00 = constant), and the long-range accuracy at the largest "
+    "distance.\n",
     sweep_lib.markdown_table(
       ["model", "compute (claimed)", "step time (measured)", "sequential ops (claimed)",
        "sequential iterations (measured)", "path length (claimed)", "long range (measured)",
-       "training memory (usual claim)", "training memory (measured)"], rows),
+       "memory (folk claim)", "training memory (measured)", "decoding cache (measured)"],
+      rows),
   ]
 
 
@@ -410,20 +433,24 @@ def _plot_long_range(lr, path):
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  fig, axes = plt.subplots(1, 2, figsize=(9.5, 3.6))
-  for i, m in enumerate(lr["models"]):
-    ds = sorted(int(d) for d in m["accuracy"])
-    acc = [m["accuracy"][str(d)] for d in ds]
-    axes[0].plot(ds, acc, "o-", color=f"C{i}", label=f"{m['kind']} ({m['params']:,} params)")
-    axes[1].plot([s for s, _ in m["losses"]], [v for _, v in m["losses"]], "-", color=f"C{i}",
-                 label=m["kind"])
+  fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+  styles = ["-", "--", ":"]
+  for j, run in enumerate(lr["runs"]):
+    dist = run["distribution"].replace("_", "-")
+    for i, m in enumerate(run["models"]):
+      ds = sorted(int(d) for d in m["accuracy"])
+      acc = [m["accuracy"][str(d)] for d in ds]
+      label = f"{m['kind']}, d {dist}"
+      axes[0].plot(ds, acc, "o" + styles[j % 3], color=f"C{i}", label=label)
+      axes[1].plot([t for t, _ in m["losses"]], [v for _, v in m["losses"]], styles[j % 3],
+                   color=f"C{i}", label=label)
   axes[0].axhline(1 / lr["settings"]["num_keys"], color="gray", ls=":", label="chance")
   axes[0].set(xscale="log", xlabel="distance d", ylabel="accuracy", title="recall after d",
               ylim=(0, 1.05))
-  axes[1].set(xlabel="step", ylabel="training loss per token", title="training")
+  axes[1].set(xlabel="step", ylabel="training loss per token", title="training", yscale="log")
   for ax in axes:
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)
@@ -484,7 +511,8 @@ def main(argv: list[str]) -> None:
         f"{(source.get('commands') or {}).get('cost', '?')}")
     else:
       lengths = [int(n) for n in _F.lengths.value]
-      cost = seq_len.cost_sweep(base, ["xla", "chunked", "lstm"], lengths, _F.batch.value,
+      cost = seq_len.cost_sweep(base, ["xla", "chunked", *seq_len.LSTM_KINDS], lengths,
+                                _F.batch.value,
                                 _F.steps.value, _F.max_step_s.value)
       commands["parallelism and memory"] = command
     caches = []
@@ -497,10 +525,15 @@ def main(argv: list[str]) -> None:
     distances = tuple(int(d) for d in _F.lr_distances.value if int(d) <= _F.lr_max_d.value)
     s = LongRangeSettings(_F.lr_d_model.value, _F.lr_layers.value, _F.lr_heads.value,
                           _F.lr_keys.value, _F.lr_max_d.value, _F.lr_steps.value,
-                          _F.lr_batch.value, _F.lr_warmup.value,
+                          _F.lr_batch.value, _F.lr_warmup.value, "uniform",
                           _F.lr_eval.value, distances, _F.seed.value)
-    models = [train_long_range(config, mc, s) for _, config, mc in long_range_configs(s)]
-    long_range = {"settings": dataclasses.asdict(s), "models": models}
+    runs = []
+    for distribution in _F.lr_distributions.value:
+      sd = dataclasses.replace(s, distribution=distribution)
+      runs.append({"distribution": distribution,
+                   "models": [train_long_range(config, mc, sd)
+                              for _, config, mc in long_range_configs(sd)]})
+    long_range = {"settings": dataclasses.asdict(s), "runs": runs}
     commands["long-range dependencies"] = command
   paths = write_report(_F.out.value, commands, cost, caches, long_range, _F.fit_from.value)
   print(f"wrote {', '.join(paths)}", flush=True)

@@ -17,8 +17,9 @@ memory: memory analysis needs compilation only, so every length gets its memory.
 Transformer of configs/numbers.py (d_model 128, 2 + 2 layers, 4 heads, d_ff 256, vocabulary
 256) with each attention implementation that applies on this backend (`xla`, `chunked`;
 `cudnn` only on GPU, where it needs bfloat16), and the LSTM baseline with the same number of
-parameters (`rnn.lstm_config_for_params`). Growth exponents are least-squares slopes of log(y)
-on log(n), over all lengths and over n >= `--fit_from`.
+parameters (`rnn.lstm_config_for_params`), with its attention over the encoder states (`lstm`,
+the project's default) and without (`lstm_noattn`, pure recurrence). Growth exponents are
+least-squares slopes of log(y) on log(n), over all lengths and over n >= `--fit_from`.
 
 (b) quality. The sweep `configs/sweeps/seq_len.py` trains the numbers model three times, on
 training pairs of at most 24, 48 or 64 tokens per side (`data.max_source_len`,
@@ -60,8 +61,8 @@ def define_flags() -> None:
                     "Sequence lengths n (source = target = n).")
   _F.batch = flag("integer", "batch_size", 2, "Rows per training step (cost).")
   _F.kinds = flag("list", "kinds", [], "Models: xla, chunked, cudnn (Transformer attention), "
-                  "lstm; default: all that apply here (cudnn only on GPU).")
-  _F.steps = flag("integer", "steps", 2, "Timed steps per length (best is kept).")
+                  "lstm, lstm_noattn; default: all that apply here (cudnn only on GPU).")
+  _F.steps = flag("integer", "steps", 3, "Timed steps per length (best is kept).")
   _F.max_step_s = flag("float", "max_step_s", 20.0, "Do not time steps predicted slower.")
   _F.max_run_gb = flag("float", "max_run_gb", 6.0, "Do not run steps needing more memory.")
   _F.fit_from = flag("integer", "fit_from", 512, "Second fit: lengths >= this only.")
@@ -74,6 +75,10 @@ def define_flags() -> None:
 
 
 TRANSFORMER_KINDS = ("xla", "chunked", "cudnn")
+# The LSTM baseline with its attention over the encoder states (the project's default, an
+# O(n^2) part), and without it (pure recurrence: the source reaches the decoder only through
+# the bridged initial states).
+LSTM_KINDS = ("lstm", "lstm_noattn")
 DEFAULT_CONFIG = "configs/numbers.py"
 
 
@@ -83,9 +88,10 @@ DEFAULT_CONFIG = "configs/numbers.py"
 def model_setup(base: Any, kind: str, max_len: int) -> tuple[Any, Any]:
   """(config, TransformerConfig) of one model of the cost measurement.
 
-  kind: an attention implementation (the Transformer of `base`) or 'lstm' (the LSTM with the
-  Transformer's parameter count). `base` is a config (e.g. configs/numbers.py); the data
-  vocabulary is set to the model's, and model.max_len to at least `max_len`.
+  kind: an attention implementation (the Transformer of `base`), 'lstm' (the LSTM with the
+  Transformer's parameter count) or 'lstm_noattn' (the same without attention). `base` is a
+  config (e.g. configs/numbers.py); the data vocabulary is set to the model's, and
+  model.max_len to at least `max_len`.
   """
   from transformer.model import TransformerConfig
   from transformer.rnn import lstm_config_for_params
@@ -101,14 +107,16 @@ def model_setup(base: Any, kind: str, max_len: int) -> tuple[Any, Any]:
       config.model.attention = kind
       if kind == "cudnn" and config.model.dtype in ("auto", "float32"):
         config.model.dtype = "bfloat16"  # cuDNN's fused attention needs 16-bit inputs
-    elif kind == "lstm":
+    elif kind in LSTM_KINDS:
       transformer = dataclasses.replace(model_config(config), kind="transformer")
       target = _param_count(transformer)
-      lstm = lstm_config_for_params(target, transformer)
+      base_lstm = dataclasses.replace(transformer, lstm_attention=kind == "lstm")
+      lstm = lstm_config_for_params(target, base_lstm)
       for field in dataclasses.fields(TransformerConfig):
         config.model[field.name] = getattr(lstm, field.name)
     else:
-      raise ValueError(f"unknown model kind {kind!r}: use xla, chunked, cudnn or lstm")
+      raise ValueError(f"unknown model kind {kind!r}: use xla, chunked, cudnn, lstm or "
+                       "lstm_noattn")
   return config, model_config(config)
 
 
@@ -295,7 +303,7 @@ def default_kinds() -> list[str]:
   kinds = ["xla", "chunked"]
   if jax.default_backend() == "gpu":
     kinds.append("cudnn")
-  return kinds + ["lstm"]
+  return kinds + list(LSTM_KINDS)
 
 
 def cost_sweep(base: Any, kinds: Sequence[str], lengths: Sequence[int], batch_size: int,

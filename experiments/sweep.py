@@ -62,7 +62,7 @@ def define_flag(kind: str, name: str, default: Any, help_: str, **kwargs: Any) -
     from ml_collections import config_flags
 
     return config_flags.DEFINE_config_file(name, default, help_, lock_config=True)
-  return getattr(flags, f"DEFINE_{kind}")(name, default, help_, **kwargs)
+  return getattr(flags, f"DEFINE_{kind}")(name, default, help=help_, **kwargs)
 
 
 def define_flags() -> None:

@@ -69,8 +69,26 @@ def recall_batch(rng: np.random.Generator, distances: Sequence[int] | np.ndarray
   }
 
 
+def sample_distances(rng: np.random.Generator, size: int, min_distance: int, max_distance: int,
+                     distribution: str = "log_uniform") -> np.ndarray:
+  """int64 [size] distances in [min_distance, max_distance].
+
+  'uniform': every distance equally likely. 'log_uniform': log(d) uniform, so each factor of
+  two in d is equally likely and short dependencies, which a model learns first, are common.
+  """
+  if not 2 <= min_distance <= max_distance:
+    raise ValueError(f"need 2 <= min_distance <= max_distance, got {min_distance}, {max_distance}")
+  if distribution == "uniform":
+    return rng.integers(min_distance, max_distance + 1, size=size)
+  if distribution == "log_uniform":
+    u = rng.uniform(np.log(min_distance), np.log(max_distance + 1), size=size)
+    return np.clip(np.floor(np.exp(u)).astype(np.int64), min_distance, max_distance)
+  raise ValueError(f"distribution must be 'uniform' or 'log_uniform', got {distribution!r}")
+
+
 def training_batch(rng: np.random.Generator, batch_size: int, min_distance: int,
-                   max_distance: int, num_keys: int) -> dict[str, np.ndarray]:
-  """Distances uniform in [min_distance, max_distance]; padded to max_distance + 2."""
-  distances = rng.integers(min_distance, max_distance + 1, size=batch_size)
+                   max_distance: int, num_keys: int,
+                   distribution: str = "log_uniform") -> dict[str, np.ndarray]:
+  """Distances from `sample_distances`; every row padded to max_distance + 2."""
+  distances = sample_distances(rng, batch_size, min_distance, max_distance, distribution)
   return recall_batch(rng, distances, num_keys, length=max_distance + 2)

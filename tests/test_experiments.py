@@ -21,7 +21,9 @@ from experiments import attention_maps, heads, seq_len, sweep, tasks
 from transformer.validate import model_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENV = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "2"}
+# One CPU device per subprocess, and cheap XLA:CPU compiles (the tiny models do not care).
+FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+ENV = {**os.environ, "XLA_FLAGS": FAST_COMPILE, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "2"}
 
 
 # ----------------------------------------------------------------------------- sweeps
@@ -224,14 +226,15 @@ def test_reports_from_records(tiny_cost, tmp_path):
   md = open(paths[0]).read()
   assert "c1" in md and "c2" in md and "| 16 |" in md and "not timed" in md
   assert "| 16 | 7 / 9 | 3 | 30.00 | 50.00 | 10.00 * |" in md
+  models = [{"kind": k, "d_model": 8, "params": 100, "train_s": 1.0, "step_s": 0.1,
+             "losses": [(1, 0.5)], "accuracy": {"2": 1.0, "400": a}, "steps": 1}
+            for k, a in (("transformer", 1.0), ("lstm", 0.125))]
   lr = {"settings": dataclasses.asdict(claims.LongRangeSettings()),
-        "models": [{"kind": k, "d_model": 8, "params": 100, "train_s": 1.0,
-                    "losses": [(1, 0.5)], "accuracy": {"2": 1.0, "400": a}, "steps": 1}
-                   for k, a in (("transformer", 1.0), ("lstm", 0.125))]}
+        "runs": [{"distribution": "uniform", "models": models}]}
   caches = [{"kind": k, "n": n, "bytes": 10 * n} for k in ("transformer", "lstm") for n in (8, 16)]
   paths = claims.write_report(str(tmp_path), {"cost": "c3"}, tiny_cost, caches, lr, 8)
   md = open(paths[0]).read()
-  assert "O(n^2 d)" in md and "accuracy 0.12 at d=400" in md and "| lstm |" in md
+  assert "O(n^2 d)" in md and "accuracy 0.12 at d=400 (uniform)" in md and "| lstm |" in md
   assert all(os.path.getsize(p) > 0 for p in paths)
 
 
@@ -284,6 +287,10 @@ def test_recall_task_answers_are_the_token_d_back():
   assert (a != c).nonzero()[0].tolist() == [0, 10]
   with pytest.raises(ValueError, match="distance"):
     tasks.recall_example(5, 1)
+  d = tasks.sample_distances(rng, 2000, 2, 400, "log_uniform")
+  assert d.min() >= 2 and d.max() <= 400 and 15 < np.median(d) < 50  # log-uniform: ~28
+  u = tasks.sample_distances(rng, 2000, 2, 400, "uniform")
+  assert 150 < np.median(u) < 250
   t = tasks.training_batch(rng, 64, 2, 50, num_keys=4)
   assert t["targets"].shape == (64, 52) and 2 <= t["distance"].min() <= t["distance"].max() <= 50
   assert (t["targets"][np.arange(64), t["distance"]] == t["answer"]).all()
