@@ -28,6 +28,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from transformer import dropout as dropout_lib
+
 IMPLEMENTATIONS = ("xla", "chunked", "cudnn")
 
 # A large negative logit for masked positions; finite so that a fully masked row gives no NaN.
@@ -76,6 +78,7 @@ def dot_product_attention(
   is_causal: bool = False,
   dropout_rate: float = 0.0,
   dropout_rng: Array | None = None,
+  dropout_bits: int = 8,
   deterministic: bool = True,
   implementation: str = "xla",
   chunk_size: int = 128,
@@ -94,6 +97,7 @@ def dot_product_attention(
       queries over a longer cache also works).
     dropout_rate: dropout on the attention weights (applied when not deterministic).
     dropout_rng: PRNG key for that dropout.
+    dropout_bits: resolution of the dropout masks (`dropout.keep_mask`).
     deterministic: no dropout when True.
     implementation: one of IMPLEMENTATIONS.
     chunk_size: block size of `chunked` for queries and keys.
@@ -113,11 +117,11 @@ def dot_product_attention(
   if implementation == "chunked":
     return _chunked_attention(
       query, key, value, mask, kv_mask, is_causal, dropout_rate if use_dropout else 0.0,
-      dropout_rng, chunk_size, precision,
+      dropout_rng, dropout_bits, chunk_size, precision,
     )
   return _xla_attention(
     query, key, value, mask, kv_mask, is_causal, dropout_rate if use_dropout else 0.0,
-    dropout_rng, precision,
+    dropout_rng, dropout_bits, precision,
   )
 
 
@@ -130,7 +134,7 @@ def _full_mask(mask, kv_mask, is_causal, q_len, kv_len):
 
 
 def _xla_attention(query, key, value, mask, kv_mask, is_causal, dropout_rate, dropout_rng,
-                   precision):
+                   dropout_bits, precision):
   q_len, kv_len = query.shape[1], key.shape[1]
   scale = query.shape[-1] ** -0.5
   logits = jnp.einsum(
@@ -145,15 +149,14 @@ def _xla_attention(query, key, value, mask, kv_mask, is_causal, dropout_rate, dr
     # A fully masked row would otherwise be uniform; make it attend to nothing.
     weights = jnp.where(mask, weights, 0.0)
   if dropout_rate > 0.0:
-    keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
-    weights = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
+    weights = dropout_lib.apply(weights, dropout_rng, dropout_rate, dropout_bits)
   return jnp.einsum(
     "bhqk,bkhd->bqhd", weights.astype(value.dtype), value, precision=precision
   ).astype(query.dtype)
 
 
 def _chunked_attention(query, key, value, mask, kv_mask, is_causal, dropout_rate, dropout_rng,
-                       chunk_size, precision):
+                       dropout_bits, chunk_size, precision):
   """Blockwise attention with an online softmax; memory O(n * chunk) instead of O(n^2)."""
   batch, q_len, heads, _ = query.shape
   kv_len, dv = key.shape[1], value.shape[-1]
@@ -212,8 +215,7 @@ def _chunked_attention(query, key, value, mask, kv_mask, is_causal, dropout_rate
       if dropout_rate > 0.0:
         # dropout(softmax) @ V: drop terms of the numerator only, the normaliser stays whole.
         rng = jax.random.fold_in(jax.random.fold_in(dropout_rng, qi), ki)
-        keep = jax.random.bernoulli(rng, 1.0 - dropout_rate, p.shape)
-        p = jnp.where(keep, p / (1.0 - dropout_rate), 0.0)
+        p = dropout_lib.apply(p, rng, dropout_rate, dropout_bits)
       pv = jnp.einsum(
         "bhqk,bkhd->bqhd", p.astype(v.dtype), v_blk, precision=precision,
         preferred_element_type=jnp.float32,

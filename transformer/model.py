@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer import attention as attn_lib
+from transformer import dropout as dropout_lib
 
 Array = jax.Array
 
@@ -41,6 +42,7 @@ class TransformerConfig:
   d_kv: int = 0  # d_k = d_v; 0 means d_model // num_heads as in the paper
   dropout_rate: float = 0.1  # P_drop, on sublayer outputs and embedding sums
   attention_dropout_rate: float = 0.0  # on attention weights (not in the paper)
+  dropout_mask_bits: int = 8  # mask resolution (dropout.py): 8 is free on CPU, 32 exact
   max_len: int = 256  # length of the positional table
   positional: str = "sinusoidal"  # or "learned" (Table 3, row E)
   share_embeddings: bool = True  # source, target and pre-softmax weights (section 3.4)
@@ -68,6 +70,9 @@ class TransformerConfig:
       raise ValueError(
         f"model.attention_dropout_rate must be in [0, 1), got {self.attention_dropout_rate}"
       )
+    if self.dropout_mask_bits not in dropout_lib.MASK_BITS:
+      raise ValueError(f"model.dropout_mask_bits must be one of {dropout_lib.MASK_BITS}, "
+                       f"got {self.dropout_mask_bits!r}")
     if self.positional not in POSITIONAL:
       raise ValueError(f"model.positional must be one of {POSITIONAL}, got {self.positional!r}")
     if self.attention not in attn_lib.IMPLEMENTATIONS:
@@ -128,6 +133,7 @@ class MultiHeadAttention(nn.Module):
   d_model: int
   head_dim: int | None = None
   dropout_rate: float = 0.0
+  dropout_bits: int = 8
   dtype: Any = jnp.float32
   implementation: str = "xla"
   chunk_size: int = 128
@@ -182,8 +188,8 @@ class MultiHeadAttention(nn.Module):
       dropout_rng = self.make_rng("dropout")
     x = attn_lib.dot_product_attention(
       query, key, value, mask, kv_mask=kv_mask, is_causal=is_causal,
-      dropout_rate=self.dropout_rate, dropout_rng=dropout_rng, deterministic=deterministic,
-      implementation=self.implementation, chunk_size=self.chunk_size,
+      dropout_rate=self.dropout_rate, dropout_rng=dropout_rng, dropout_bits=self.dropout_bits,
+      deterministic=deterministic, implementation=self.implementation, chunk_size=self.chunk_size,
     )  # [b, q, h, k]
     # W^O: [h, k, d]; the einsum over (h, k) is Concat(head_1..head_h) W^O.
     w_o = self.param(
@@ -262,6 +268,11 @@ class FeedForward(nn.Module):
     )(h)
 
 
+def make_dropout(cfg: TransformerConfig) -> dropout_lib.Dropout:
+  """Dropout with P_drop = cfg.dropout_rate (section 5.4) and the configured mask bits."""
+  return dropout_lib.Dropout(cfg.dropout_rate, cfg.dropout_mask_bits)
+
+
 class _Sublayer(nn.Module):
   """Residual connection and layer norm around a sublayer (section 3.1 / 5.4).
 
@@ -279,7 +290,7 @@ class _Sublayer(nn.Module):
       scale_init=_init(("embed",), nn.initializers.ones),
       bias_init=_init(("embed",), nn.initializers.zeros),
     )
-    dropout = nn.Dropout(cfg.dropout_rate)
+    dropout = make_dropout(cfg)
     if cfg.pre_layer_norm:
       return x + dropout(fn(norm(x)), deterministic=self.deterministic)
     return norm(x + dropout(fn(x), deterministic=self.deterministic))
@@ -288,7 +299,8 @@ class _Sublayer(nn.Module):
 def _attention(cfg: TransformerConfig, name: str, decode: bool = False) -> MultiHeadAttention:
   return MultiHeadAttention(
     num_heads=cfg.num_heads, d_model=cfg.d_model, head_dim=cfg.head_dim,
-    dropout_rate=cfg.attention_dropout_rate, dtype=cfg.compute_dtype,
+    dropout_rate=cfg.attention_dropout_rate, dropout_bits=cfg.dropout_mask_bits,
+    dtype=cfg.compute_dtype,
     implementation=cfg.attention, chunk_size=cfg.attention_chunk_size, decode=decode, name=name,
   )
 
@@ -429,7 +441,7 @@ class Encoder(nn.Module):
     cfg = self.config
     embed = self.shared_embedding or Embed(cfg, name="embed")
     src_mask = src > 0
-    x = nn.Dropout(cfg.dropout_rate)(embed(src), deterministic=deterministic)
+    x = make_dropout(cfg)(embed(src), deterministic=deterministic)
     x = _constrain(x, ("batch", "length", "embed"))
     x = _layer_stack(EncoderLayer, cfg, x, (src_mask,), deterministic=deterministic)
     if cfg.pre_layer_norm:
@@ -464,7 +476,7 @@ class Decoder(nn.Module):
       if initialized:
         positions = position.value[:, None]
         position.value = position.value + 1
-    y = nn.Dropout(cfg.dropout_rate)(embed(tgt_in, positions), deterministic=deterministic)
+    y = make_dropout(cfg)(embed(tgt_in, positions), deterministic=deterministic)
     y = _constrain(y, ("batch", "length", "embed"))
     y = _layer_stack(DecoderLayer, cfg, y, (encoded, src_mask), deterministic=deterministic,
                      decode=self.decode)

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer import attention as attn_lib
-from transformer.model import TransformerConfig, shift_right
+from transformer.model import TransformerConfig, make_dropout, shift_right
 
 Array = jax.Array
 Carry = tuple[Array, Array]  # (c, h), float32 [b, units] each
@@ -120,7 +120,7 @@ class LSTMEncoder(nn.Module):
     src_mask = (src > 0)[:, :, None]
     lengths = jnp.sum(src > 0, axis=-1).astype(jnp.int32)
     forward_units = cfg.d_model - cfg.d_model // 2
-    x = nn.Dropout(cfg.dropout_rate)(embed(src), deterministic=deterministic)
+    x = make_dropout(cfg)(embed(src), deterministic=deterministic)
     for i in range(cfg.num_layers):
       rnn = nn.Bidirectional(
         nn.RNN(_cell(cfg, forward_units, f"layer_{i}_forward")),
@@ -129,7 +129,7 @@ class LSTMEncoder(nn.Module):
       # seq_lengths: the backward direction starts at the last real token, and padding
       # never feeds into a real position in either direction.
       out = rnn(x, seq_lengths=lengths).astype(cfg.compute_dtype)
-      out = nn.Dropout(cfg.dropout_rate)(out, deterministic=deterministic)
+      out = make_dropout(cfg)(out, deterministic=deterministic)
       x = out if i == 0 else x + out
       x = jnp.where(src_mask, x, 0)  # padding outputs are garbage; keep them out of the sums
     return nn.with_logical_constraint(x, ("batch", "length", "embed"))
@@ -205,14 +205,14 @@ class LSTMDecoder(nn.Module):
       else:
         cached = None  # sizing call: the cache stays zeros
 
-    y = nn.Dropout(cfg.dropout_rate)(embed(tgt_in), deterministic=deterministic)
+    y = make_dropout(cfg)(embed(tgt_in), deterministic=deterministic)
     for i in range(cfg.num_layers):
       carry, out = nn.RNN(_cell(cfg, d, f"layer_{i}"))(
         y, initial_carry=initial[i], return_carry=True
       )
       if cached is not None:
         cached[i].value = carry
-      out = nn.Dropout(cfg.dropout_rate)(out.astype(cfg.compute_dtype), deterministic=deterministic)
+      out = make_dropout(cfg)(out.astype(cfg.compute_dtype), deterministic=deterministic)
       y = out if i == 0 else y + out
 
     if _uses_attention(cfg):
@@ -241,7 +241,7 @@ class LSTMDecoder(nn.Module):
           name="attention_out",
         )(jnp.concatenate([context.astype(y.dtype), y], axis=-1))
       )  # h~_t = tanh(W_c [c_t; h_t])
-      y = nn.Dropout(cfg.dropout_rate)(y, deterministic=deterministic)
+      y = make_dropout(cfg)(y, deterministic=deterministic)
 
     y = nn.with_logical_constraint(y, ("batch", "length", "embed"))
     if cfg.share_embeddings:
