@@ -159,3 +159,40 @@ def test_bad_shapes_are_config_errors(kwargs, field):
   args = {"batch_size": B, "src_len": S, "tgt_len": T, "steps": 0, **kwargs}
   with pytest.raises(ConfigError, match=field):
     benchmark.run_benchmark(wmt.get_config("tiny"), **args)
+
+
+def test_compare_peer_alternates_and_reports_ratios(tmp_path):
+  """experiments.compare_peer end to end, with tiny shapes and a stand-in for the peer."""
+  fake_peer = tmp_path / "peer.py"
+  fake_peer.write_text(
+    "import json\n"
+    "print('log line')\n"
+    "print(json.dumps({'torch': 'fake', 'threads': 2, 'tokens_per_s': 50.0, 'step_s': 1.0,\n"
+    "                  'model_flops_per_step': 7, 'fraction_of_matmul_peak': 0.5,\n"
+    "                  'matmul_peak_flops': 1e9}))\n")
+  out = tmp_path / "cmp"
+  shapes = [f"--config={ROOT}/configs/wmt.py:tiny", "--config.model.dtype=float32",
+            "--config.mesh.data=1", f"--config.model.vocab_size={VOCAB}",
+            f"--batch_size={B}", f"--src_len={S}", f"--tgt_len={T}"]
+  proc = subprocess.run(
+    [sys.executable, "-m", "experiments.compare_peer", f"--peer_python={sys.executable}",
+     f"--peer={fake_peer}", "--rounds=1", "--timed_steps=1", "--variants=base,no_dropout",
+     "--benchmark_flags=" + ",".join(shapes), f"--out={out}"],
+    cwd=ROOT, capture_output=True, text=True, timeout=600,
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  records = [json.loads(line) for line in (tmp_path / "cmp.jsonl").read_text().splitlines()]
+  assert [(r["round"], r["variant"], r["program"]) for r in records] == [
+    (0, v, p) for v in ("base", "no_dropout") for p in ("ours", "peer")]
+  ours = [r["tokens_per_s"] for r in records if r["program"] == "ours" and r["variant"] == "base"]
+  md = (tmp_path / "cmp.md").read_text()
+  assert f"**{max(ours) / 50.0:.2f}**" in md  # ratio of the bests
+  assert "compare_peer" in md and "torch fake" in md
+
+
+def test_compare_peer_needs_a_peer_python():
+  proc = subprocess.run(
+    [sys.executable, "-m", "experiments.compare_peer", "--peer_python="],
+    cwd=ROOT, capture_output=True, text=True, timeout=120, env={**os.environ, "PEER_PYTHON": ""},
+  )
+  assert proc.returncode == 2 and "--peer_python" in proc.stderr
