@@ -391,7 +391,9 @@ def _table1_md(cost, caches, lr, fit_from) -> list[str]:
     "memory claim \"RNN O(n) memory, Transformer O(1)\". Measured: growth exponents fitted over "
     f"n >= {fit_from} (step time, sequential loop iterations, training memory; the decoding "
     "cache over all n; n^0.00 = constant), and the long-range accuracy at the largest "
-    "distance.\n",
+    "distance. The long-range task ran once per family (the Transformer with `xla` "
+    "attention, the LSTM with its attention): its source is a single token, so that "
+    "attention has nothing to read, and the rows of a family share the run.\n",
     sweep_lib.markdown_table(
       ["model", "compute (claimed)", "step time (measured)", "sequential ops (claimed)",
        "sequential iterations (measured)", "path length (claimed)", "long range (measured)",

@@ -150,7 +150,7 @@ def run_meta(config: Any, model_config: TransformerConfig, vocab_path: str) -> d
 # Fields that may differ between a checkpoint and the run restoring it: they change how the
 # computation is done, not the parameters.
 _COMPATIBLE_FIELDS = ("dtype", "attention", "attention_chunk_size", "remat", "dropout_rate",
-                      "attention_dropout_rate")
+                      "attention_dropout_rate", "dropout_mask_bits")
 
 
 def check_meta(expected: dict[str, Any]):
