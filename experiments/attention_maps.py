@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 import types
 from typing import Any
 
 import numpy as np
 from absl import app
+
+from transformer.errors import fail
 
 _F = types.SimpleNamespace()  # the command-line flags, once define_flags() ran
 
@@ -282,9 +283,9 @@ def write_markdown(result: dict[str, Any], config: Any) -> str:
 
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
-    _fail(f"unexpected arguments {' '.join(argv[1:])!r}")
+    fail(f"unexpected arguments {' '.join(argv[1:])!r}")
   if _F.config.value is None or _F.workdir.value is None:
-    _fail("--config and --workdir are required, e.g. --config=configs/numbers.py "
+    fail("--config and --workdir are required, e.g. --config=configs/numbers.py "
           "--workdir=runs/numbers")
   from transformer.data.errors import DataError
   from transformer.errors import UserError
@@ -292,15 +293,10 @@ def main(argv: list[str]) -> None:
   try:
     result = attention_maps(_F.config.value, _F.workdir.value, _F.sentence.value, _F.out.value)
   except (UserError, DataError, ValueError) as e:
-    _fail(str(e))
+    fail(str(e))
   print(f"translation: {result['translation']}\n{result['maps']} attention layers x "
         f"{result['heads']} heads ({result['checkpoint']}) -> {result['path']}, "
         f"{result['markdown']}", flush=True)
-
-
-def _fail(message: str) -> None:
-  print(f"error: {message}", file=sys.stderr, flush=True)
-  sys.exit(2)
 
 
 if __name__ == "__main__":

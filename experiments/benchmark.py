@@ -39,14 +39,15 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import statistics
-import sys
 import time
 from typing import Any
 
 from absl import app, flags
 from ml_collections import config_flags
+
+from experiments.sweep import cpu_model
+from transformer.errors import fail
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "Config file, e.g. configs/wmt.py:base.", lock_config=True
@@ -164,17 +165,6 @@ def memory_stats(compiled: Any) -> dict[str, int | None]:
     alias,
   )
   return dict(zip(keys, values, strict=True))
-
-
-def _cpu_model() -> str:
-  try:
-    with open("/proc/cpuinfo", encoding="utf-8") as f:
-      for line in f:
-        if line.startswith("model name"):
-          return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor() or platform.machine()
 
 
 def run_benchmark(
@@ -298,7 +288,7 @@ def run_benchmark(
     "mesh": {k: int(v) for k, v in mesh.shape.items()},
     "backend": jax.default_backend(),
     "device_kind": jax.devices()[0].device_kind,
-    "cpu": _cpu_model(),
+    "cpu": cpu_model(),
     "cpu_count": os.cpu_count(),
     "jax": jax.__version__,
     "xla_flags": os.environ.get("XLA_FLAGS", ""),
@@ -353,26 +343,21 @@ def run_benchmark(
   return record
 
 
-def _fail(message: str) -> None:
-  print(f"error: {message}", file=sys.stderr, flush=True)
-  sys.exit(2)
-
-
 def _parse_flags(argv: list[str]) -> list[str]:
   """absl's parsing, but a bad flag or config file is one line and exit status 2."""
   try:
     return FLAGS(argv)
   except flags.Error as e:
-    _fail(str(e).strip().splitlines()[0])
+    fail(str(e).strip().splitlines()[0])
   except Exception as e:  # noqa: BLE001 - a config file that fails to load or parse
-    _fail(f"--config: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e) else ''}")
+    fail(f"--config: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e) else ''}")
 
 
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
-    _fail(f"unexpected arguments {' '.join(argv[1:])!r}; fields are set with --config.field=value")
+    fail(f"unexpected arguments {' '.join(argv[1:])!r}; fields are set with --config.field=value")
   if _CONFIG.value is None:
-    _fail("--config is required, e.g. --config=configs/wmt.py:base")
+    fail("--config is required, e.g. --config=configs/wmt.py:base")
   import jax
 
   from transformer.errors import UserError
@@ -391,7 +376,7 @@ def main(argv: list[str]) -> None:
       _MATMUL_REPEATS.value,
     )
   except UserError as e:
-    _fail(str(e))
+    fail(str(e))
   if record["step_s"] is not None:
     print(
       f"{record['tokens_per_s']:.0f} tokens/s, step {record['step_s'] * 1e3:.1f} ms (best of "

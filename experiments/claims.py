@@ -40,6 +40,7 @@ from absl import app
 
 from experiments import seq_len, tasks
 from experiments import sweep as sweep_lib
+from transformer.errors import fail
 
 _F = types.SimpleNamespace()  # the command-line flags, once define_flags() ran
 
@@ -488,10 +489,10 @@ def _plot_memory(cost, caches, path):
 
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
-    sweep_lib._fail(f"unexpected arguments {' '.join(argv[1:])!r}")
+    fail(f"unexpected arguments {' '.join(argv[1:])!r}")
   parts = set(_F.part.value)
   if not parts or parts - {"cost", "long_range"}:
-    sweep_lib._fail(f"--part={','.join(_F.part.value)}: use cost, long_range or both")
+    fail(f"--part={','.join(_F.part.value)}: use cost, long_range or both")
   command = sweep_lib.command_line()
   previous = {}
   json_path = os.path.join(_F.out.value, "claims.json")

@@ -27,6 +27,7 @@ from typing import Any
 from absl import app, flags
 
 from experiments import sweep as sweep_lib
+from transformer.errors import fail
 
 PEER = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "peers",
                     "torch_transformer_step.py")
@@ -137,12 +138,12 @@ def report(records: list[dict[str, Any]], command: str) -> str:
 def main(argv: list[str]) -> None:
   del argv
   if not _PEER_PYTHON.value:
-    sweep_lib._fail("--peer_python (or $PEER_PYTHON): a Python with torch is needed")
+    fail("--peer_python (or $PEER_PYTHON): a Python with torch is needed")
   if not os.path.exists(_PEER.value):
-    sweep_lib._fail(f"--peer={_PEER.value}: no such file")
+    fail(f"--peer={_PEER.value}: no such file")
   unknown = set(_VARIANTS.value) - set(VARIANTS)
   if unknown:
-    sweep_lib._fail(f"--variants: unknown {sorted(unknown)}; use {list(VARIANTS)}")
+    fail(f"--variants: unknown {sorted(unknown)}; use {list(VARIANTS)}")
   records = []
   jsonl = _OUT.value + ".jsonl"
   os.makedirs(os.path.dirname(jsonl) or ".", exist_ok=True)

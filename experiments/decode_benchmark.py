@@ -37,9 +37,7 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -48,8 +46,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from experiments.sweep import cpu_model
 from transformer import decode as decode_lib
-from transformer.errors import ConfigError, UserError
+from transformer.errors import ConfigError, UserError, fail
 from transformer.model import TransformerConfig
 from transformer.models import build_model
 from transformer.translate import init_cache
@@ -167,18 +166,6 @@ def exact_length(tokens: np.ndarray) -> bool:
   """Whether every row is out_len tokens: no EOS or padding before the last, EOS last."""
   body = tokens[:, :-1]
   return bool(np.all(tokens[:, -1] == EOS_ID) and np.all((body != EOS_ID) & (body != PAD_ID)))
-
-
-def cpu_model() -> str:
-  """The CPU's model name from /proc/cpuinfo (or what the platform module knows)."""
-  try:
-    with open("/proc/cpuinfo", encoding="utf-8") as f:
-      for line in f:
-        if line.startswith("model name"):
-          return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor() or platform.machine()
 
 
 def _check_args(
@@ -352,11 +339,6 @@ def apply_defaults(config: Any, overridden: Callable[[str], bool]) -> list[str]:
   return changes
 
 
-def _fail(message: str) -> None:
-  print(f"error: {message}", file=sys.stderr, flush=True)
-  sys.exit(2)
-
-
 def _main() -> None:
   from absl import app, flags
   from ml_collections import config_flags
@@ -381,9 +363,9 @@ def _main() -> None:
     try:
       return FLAGS(argv)
     except flags.Error as e:
-      _fail(str(e).strip().splitlines()[0])
+      fail(str(e).strip().splitlines()[0])
     except Exception as e:  # noqa: BLE001 - a config file that fails to load or parse
-      _fail(f"--config: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e) else ''}")
+      fail(f"--config: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e) else ''}")
 
   def overridden(field: str) -> bool:
     name = f"config.{field}"
@@ -391,12 +373,12 @@ def _main() -> None:
 
   def main(argv: list[str]) -> None:
     if len(argv) > 1:
-      _fail(f"unexpected arguments {' '.join(argv[1:])!r}; use --config.field=value")
+      fail(f"unexpected arguments {' '.join(argv[1:])!r}; use --config.field=value")
     config = config_flag.value
     try:
       changes = apply_defaults(config, overridden)
     except OSError as e:  # ml_collections reports a config file it could not load only here
-      _fail(f"--config: {str(e).strip().splitlines()[0]} ({FLAGS['config'].config_filename})")
+      fail(f"--config: {str(e).strip().splitlines()[0]} ({FLAGS['config'].config_filename})")
     for change in changes:
       print(f"default: {change}", flush=True)
     try:
@@ -411,7 +393,7 @@ def _main() -> None:
         log=lambda message: print(message, flush=True),
       )
     except UserError as e:
-      _fail(str(e))
+      fail(str(e))
     for mode in MODES:
       print(
         f"{mode:16s} {record[f'{mode}_s']:8.3f} s  "

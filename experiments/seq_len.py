@@ -47,6 +47,7 @@ from typing import Any
 from absl import app
 
 from experiments import sweep as sweep_lib
+from transformer.errors import fail
 
 _F = types.SimpleNamespace()  # the command-line flags, once define_flags() ran
 
@@ -612,10 +613,10 @@ def run_quality(sweep_spec: str, root: str, bins: list[tuple[int, int | None]],
 
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
-    sweep_lib._fail(f"unexpected arguments {' '.join(argv[1:])!r}")
+    fail(f"unexpected arguments {' '.join(argv[1:])!r}")
   parts = set(_F.part.value)
   if not parts or parts - {"cost", "quality"}:
-    sweep_lib._fail(f"--part={','.join(_F.part.value)}: use cost, quality or both")
+    fail(f"--part={','.join(_F.part.value)}: use cost, quality or both")
   from transformer.errors import UserError
 
   command = sweep_lib.command_line()
@@ -636,7 +637,7 @@ def main(argv: list[str]) -> None:
                             length_bins([int(b) for b in _F.bins.value]))
       commands["quality"] = command
   except (UserError, ValueError) as e:
-    sweep_lib._fail(str(e))
+    fail(str(e))
   paths = write_report(_F.out.value, commands, cost, quality, _F.fit_from.value)
   print(f"wrote {', '.join(paths)}", flush=True)
 

@@ -42,6 +42,8 @@ from typing import Any
 
 from absl import app, flags
 
+from transformer.errors import fail
+
 _F = types.SimpleNamespace()  # the command-line flags, once define_flags() ran
 
 
@@ -273,11 +275,21 @@ def collect(sweep: Sweep, root: str) -> list[dict[str, Any]]:
   return rows
 
 
+def cpu_model() -> str:
+  """The CPU's model name from /proc/cpuinfo (or what the platform module knows)."""
+  try:
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+      for line in f:
+        if line.startswith("model name"):
+          return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or platform.machine()
+
+
 def hardware() -> dict[str, Any]:
   """What ran the sweep: CPU, cores, load, JAX backend and devices, date."""
   import jax
-
-  from experiments.benchmark import _cpu_model
 
   try:
     load = os.getloadavg()[0]
@@ -286,7 +298,7 @@ def hardware() -> dict[str, Any]:
   devices = jax.devices()
   return {
     "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-    "cpu": _cpu_model(),
+    "cpu": cpu_model(),
     "cpu_count": os.cpu_count(),
     "load_avg_1m": load,
     "backend": jax.default_backend(),
@@ -511,10 +523,10 @@ def main(argv: Sequence[str], default_sweep: str | None = None,
          report: Report = default_report) -> None:
   """The sweep command; experiments with their own report call this with `report`."""
   if len(argv) > 1:
-    _fail(f"unexpected arguments {' '.join(argv[1:])!r}")
+    fail(f"unexpected arguments {' '.join(argv[1:])!r}")
   spec = _F.sweep.value or default_sweep
   if spec is None:
-    _fail("--sweep is required, e.g. --sweep=configs/sweeps/heads.py")
+    fail("--sweep is required, e.g. --sweep=configs/sweeps/heads.py")
   try:
     sets = parse_sets(_F.set.value)
     if _F.child.value:
@@ -523,7 +535,7 @@ def main(argv: Sequence[str], default_sweep: str | None = None,
     for p in sweep.points:
       point_config(sweep, p, sets)
   except (FileNotFoundError, AttributeError, KeyError, TypeError, ValueError) as e:
-    _fail(str(e).strip("'\""))
+    fail(str(e).strip("'\""))
   command = command_line()
   t0 = time.time()
   failed: list[str] = []
@@ -542,11 +554,6 @@ def main(argv: Sequence[str], default_sweep: str | None = None,
   if failed:
     print(f"[sweep {sweep.name}] failed points: {', '.join(failed)}", file=sys.stderr)
     sys.exit(1)
-
-
-def _fail(message: str) -> None:
-  print(f"error: {message}", file=sys.stderr, flush=True)
-  sys.exit(2)
 
 
 if __name__ == "__main__":

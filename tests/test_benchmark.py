@@ -18,6 +18,10 @@ from transformer.errors import ConfigError
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 B, S, T, VOCAB = 8, 6, 5, 128  # S != T, so source and target terms cannot be swapped unseen
 
+# What a run measures by timing; null when --steps=0.
+TIMING_KEYS = ("tokens_per_s", "step_s", "step_s_median", "first_step_s", "matmul_flops_per_s",
+               "step_cpu_s", "achieved_flops_per_s", "fraction_of_matmul_peak")
+
 
 def _peer_flops(d, f, layers, vocab, b, s, t):
   """The PyTorch peer's count, written out independently: 2 FLOPs per multiply-add forward,
@@ -65,14 +69,7 @@ def test_benchmark_main_one_step():
   assert r["model_flops_per_step"] == _peer_flops(32, 64, 1, VOCAB, B, S, T)
   assert r["tokens_per_step"] == B * (S + T)
   for key in (
-    "tokens_per_s",
-    "step_s",
-    "step_s_median",
-    "first_step_s",
-    "matmul_flops_per_s",
-    "step_cpu_s",
-    "achieved_flops_per_s",
-    "fraction_of_matmul_peak",
+    *TIMING_KEYS,
     "compile_s",
     "lower_s",
     "temp_memory_bytes",
@@ -130,16 +127,7 @@ def test_compile_only_has_no_timings():
   config.model.scan_layers = True
   r = benchmark.run_benchmark(config, B, S, T, steps=0)
   assert config.data.vocab_size == config.model.vocab_size
-  for key in (
-    "tokens_per_s",
-    "step_s",
-    "step_s_median",
-    "first_step_s",
-    "matmul_flops_per_s",
-    "step_cpu_s",
-    "fraction_of_matmul_peak",
-    "achieved_flops_per_s",
-  ):
+  for key in TIMING_KEYS:
     assert r[key] is None, key
   assert r["step_times_s"] == [] and r["steps"] == 0
   assert r["compile_s"] > 0 and r["temp_memory_bytes"] > 0 and r["scan_layers"] is True

@@ -18,6 +18,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
+from transformer.errors import fail  # noqa: E402
+
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "Config file, e.g. configs/numbers.py or configs/wmt.py:big.",
   lock_config=True,
@@ -51,17 +53,12 @@ def default_workdir(config_arg: str) -> str:
   return os.path.join("runs", f"{name}-{variant}" if variant else name)
 
 
-def _fail(message: str) -> None:
-  print(f"error: {message}", file=sys.stderr, flush=True)
-  sys.exit(2)
-
-
 def parse_flags(argv: list[str]) -> list[str]:
   """absl's parsing, but a bad flag or config file is one line and exit status 2."""
   try:
     return FLAGS(argv)
   except Exception as e:  # noqa: BLE001 - a bad flag, or a config file that fails to load
-    _fail(_config_error(e, argv))
+    fail(_config_error(e, argv))
 
 
 def _config_error(e: BaseException, argv: list[str]) -> str:
@@ -95,15 +92,15 @@ _PROJECT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def main(argv: list[str]) -> None:
   logging.get_absl_handler().addFilter(_OwnInfoOnly())
   if len(argv) > 1:
-    _fail(f"unexpected arguments {' '.join(argv[1:])!r}; fields are set with --config.field=value")
+    fail(f"unexpected arguments {' '.join(argv[1:])!r}; fields are set with --config.field=value")
   try:
     config = _CONFIG.value
     if config is not None:
       config.keys()  # the file is loaded lazily, on first access
   except Exception as e:  # noqa: BLE001 - a config file that is missing or fails to load
-    _fail(_config_error(e, sys.argv))
+    fail(_config_error(e, sys.argv))
   if config is None:
-    _fail("--config is required, e.g. --config=configs/numbers.py")
+    fail("--config is required, e.g. --config=configs/numbers.py")
   import jax
 
   from transformer.data.errors import DataError
@@ -135,7 +132,7 @@ def main(argv: list[str]) -> None:
 
       cli_translate.average_and_evaluate(config, workdir, _AVERAGE.value)
   except (UserError, DataError) as e:
-    _fail(str(e))
+    fail(str(e))
   except FloatingPointError as e:
     # Training diverged; the checkpoints hold only finite parameters.
     print(f"error: {e}", file=sys.stderr, flush=True)
