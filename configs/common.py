@@ -26,6 +26,8 @@ def base_config() -> config_dict.ConfigDict:
   config.data.eval_batch_size = 256  # global
   config.data.download = False  # allow TFDS to download and prepare missing data
   config.data.numbers_variant = "default"  # numbers corpus size: default (200k) | tiny (2k)
+  # Tokenized training split (flat arrays, memory-mapped); None: <workdir>/cache.
+  config.data.cache_dir = config_dict.placeholder(str)
 
   # Every field of TransformerConfig, so `TransformerConfig(**config.model)` works.
   config.model = config_dict.ConfigDict(dataclasses.asdict(TransformerConfig()))

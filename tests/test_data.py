@@ -11,7 +11,32 @@ from num2words import num2words
 from transformer.data import input_pipeline as ip
 from transformer.data import numbers as nb
 from transformer.data.errors import DataError
+from transformer.data.tfds_io import SplitReader
+from transformer.data.token_cache import TokenizedSplit
 from transformer.data.tokenizer import EOS_ID, Tokenizer
+
+
+class PairsReader:
+  """The interface of `tfds_io.SplitReader` over in-memory pairs."""
+
+  def __init__(self, train, name="pairs"):
+    self.train = list(train)
+    self.name = name
+    self.source_key, self.target_key = "en", "de"
+
+  def fingerprint(self):
+    return f"{self.name}|{len(self.train)}"
+
+  def num_examples(self, split):
+    return len(self.train)
+
+  def chunks(self, split, size=64):
+    for i in range(0, len(self.train), size):
+      part = self.train[i : i + size]
+      yield [s.encode() for s, _ in part], [t.encode() for _, t in part]
+
+  def read_pairs(self, split):
+    return list(self.train)
 
 
 def make_config(**data) -> ml_collections.ConfigDict:
@@ -92,10 +117,15 @@ def test_corpus_content_and_disjoint_splits(numbers_dir):
 
 
 def test_fast_reader_matches_tfds_reader(numbers_dir):
+  import tensorflow_datasets as tfds
+
   builder = nb.NumbersTranslate(config="tiny", data_dir=numbers_dir)
-  slow = ip.read_pairs(builder.as_dataset(split="train", shuffle_files=False), "en", "de")
-  assert ip.read_split(builder, "train", "en", "de") == slow
-  assert ip.read_split(builder, "test", "de", "en")[:3] == [
+  slow = [(ex["en"].decode(), ex["de"].decode())
+          for ex in tfds.as_numpy(builder.as_dataset(split="train", shuffle_files=False))]
+  reader = SplitReader(builder, "en", "de")
+  assert reader.read_pairs("train") == slow
+  assert sum(len(s) for s, _ in reader.chunks("train", 300)) == reader.num_examples("train")
+  assert SplitReader(builder, "de", "en").read_pairs("test")[:3] == [
     (d, e) for e, d in nb.load_numbers("test", numbers_dir, "tiny")[:3]
   ]
 
@@ -166,22 +196,23 @@ def test_damaged_model_is_data_error(tokenizer, tmp_path):
 def test_get_tokenizer_trains_once_then_reuses(tmp_path):
   pairs = list(nb.generate("train", 300))
   config = make_config()
-  tok = ip.get_tokenizer(config, str(tmp_path), pairs)
+  tok = ip.get_tokenizer(config, str(tmp_path), PairsReader(pairs))
   path = tmp_path / "vocab" / "spm.model"
   stamp = path.stat().st_mtime_ns
-  again = ip.get_tokenizer(config, str(tmp_path), [])  # Reused: needs no training data.
+  again = ip.get_tokenizer(config, str(tmp_path), None)  # Reused: needs no training data.
   assert path.stat().st_mtime_ns == stamp
   assert again.encode(pairs[0][1]) == tok.encode(pairs[0][1])
   with pytest.raises(DataError, match="vocab_size"):  # The stored vocabulary has 300 ids.
-    ip.get_tokenizer(make_config(vocab_size=250), str(tmp_path), pairs)
+    ip.get_tokenizer(make_config(vocab_size=250), str(tmp_path), PairsReader(pairs))
 
 
 def test_get_tokenizer_vocab_too_large_is_data_error(tmp_path):
   pairs = list(nb.generate("train", 20))
   with pytest.raises(DataError, match=r"config.data.vocab_size=5000 .* at most \d+"):
-    ip.get_tokenizer(make_config(vocab_size=5000), str(tmp_path), pairs)
+    ip.get_tokenizer(make_config(vocab_size=5000), str(tmp_path), PairsReader(pairs))
   assert not (tmp_path / "vocab" / "spm.model").exists()
-  assert os.listdir(tmp_path / "vocab") == []  # No temporary files left behind.
+  vocab = tmp_path / "vocab"
+  assert not vocab.exists() or os.listdir(vocab) == []  # No temporary files left behind.
 
 
 # --- training batches ---------------------------------------------------------------------------
@@ -198,6 +229,10 @@ def synthetic_ids(n=600, seed=0):
   return src, tgt
 
 
+def train_batches(src, tgt, config, **kw):
+  return ip.TrainBatches(TokenizedSplit.from_sequences(src, tgt), config, **kw)
+
+
 def padded(ids, length):
   out = np.zeros(length, np.int32)
   out[: len(ids)] = ids
@@ -207,15 +242,15 @@ def padded(ids, length):
 def test_train_batches_are_pure_functions_of_seed_and_step():
   src, tgt = synthetic_ids()
   config = make_config()
-  a = ip.TrainBatches(src, tgt, config, batch_multiple=8)
-  b = ip.TrainBatches(src, tgt, config, batch_multiple=8)
+  a = train_batches(src, tgt, config, batch_multiple=8)
+  b = train_batches(src, tgt, config, batch_multiple=8)
   steps = list(range(2 * a.steps_per_epoch + 3))
   got_a = [a.batch(s) for s in steps]
   got_b = {s: b.batch(s) for s in reversed(steps)}  # Another access order, e.g. a resume.
   for s in steps:
     np.testing.assert_array_equal(got_a[s]["inputs"], got_b[s]["inputs"])
     np.testing.assert_array_equal(got_a[s]["targets"], got_b[s]["targets"])
-  other = ip.TrainBatches(src, tgt, make_config(), batch_multiple=8)
+  other = train_batches(src, tgt, make_config(), batch_multiple=8)
   other.seed = 8
   assert any(
     other.batch(s)["inputs"].shape != a.batch(s)["inputs"].shape
@@ -227,12 +262,12 @@ def test_train_batches_are_pure_functions_of_seed_and_step():
 def test_train_batches_shapes_budget_and_epoch_coverage():
   src, tgt = synthetic_ids()
   config = make_config()
-  tb = ip.TrainBatches(src, tgt, config, batch_multiple=8)
+  tb = train_batches(src, tgt, config, batch_multiple=8)
   lengths = [(len(s), len(t)) for s, t in zip(src, tgt, strict=True)]
   kept = [i for i, (ls, lt) in enumerate(lengths) if ls <= 40 and lt <= 40]
   assert tb.num_examples == len(kept) and tb.num_dropped == len(src) - len(kept) > 0
   shapes = set(tb.shapes())
-  assert all(b % 8 == 0 and b * length <= config.data.tokens_per_batch for b, length in shapes)
+  assert all(rows % 8 == 0 for rows, _ in shapes)
   for epoch in range(2):
     seen = []
     for step in range(epoch * tb.steps_per_epoch, (epoch + 1) * tb.steps_per_epoch):
@@ -249,6 +284,8 @@ def test_train_batches_shapes_budget_and_epoch_coverage():
         np.testing.assert_array_equal(batch["targets"][row], padded(tgt[i], length))
         # The smallest bucket that holds the example.
         assert length == min(b for b in config.data.bucket_lengths if b >= max(lengths[i]))
+      # At most tokens_per_batch positions of real examples per side.
+      assert (idx >= 0).sum() * length <= config.data.tokens_per_batch
       seen.extend(i for i in idx.tolist() if i >= 0)
     assert sorted(seen) == kept  # Every kept example exactly once per epoch.
   first = np.concatenate([tb.indices(s) for s in range(tb.steps_per_epoch)])
@@ -259,9 +296,9 @@ def test_train_batches_shapes_budget_and_epoch_coverage():
 def test_train_batches_process_shards_concatenate_to_global_batch():
   src, tgt = synthetic_ids(300)
   config = make_config()
-  full = ip.TrainBatches(src, tgt, config, batch_multiple=8)
+  full = train_batches(src, tgt, config, batch_multiple=8)
   shards = [
-    ip.TrainBatches(src, tgt, config, batch_multiple=8, process_index=p, process_count=4)
+    train_batches(src, tgt, config, batch_multiple=8, process_index=p, process_count=4)
     for p in range(4)
   ]
   for step in range(full.steps_per_epoch + 2):
@@ -272,12 +309,66 @@ def test_train_batches_process_shards_concatenate_to_global_batch():
 
 def test_train_batches_minimum_batch_and_errors():
   src, tgt = synthetic_ids(50)
-  tb = ip.TrainBatches(src, tgt, make_config(tokens_per_batch=64), batch_multiple=8)
+  tb = train_batches(src, tgt, make_config(tokens_per_batch=64), batch_multiple=8)
   assert all(b == 8 for b, _ in tb.shapes())  # Never fewer than batch_multiple rows.
   with pytest.raises(ValueError, match="batch_multiple"):
-    ip.TrainBatches(src, tgt, make_config(), batch_multiple=6, process_count=4)
+    train_batches(src, tgt, make_config(), batch_multiple=6, process_count=4)
   with pytest.raises(DataError):
-    ip.TrainBatches(src, tgt, make_config(max_source_len=0), batch_multiple=8)
+    train_batches(src, tgt, make_config(max_source_len=0), batch_multiple=8)
+
+
+def test_train_batches_do_not_depend_on_the_devices():
+  """The plan is a function of (seed, step): more devices only add all-zero rows."""
+  src, tgt = synthetic_ids(300)
+  config = make_config()
+  one = train_batches(src, tgt, config, batch_multiple=1)
+  eight = train_batches(src, tgt, config, batch_multiple=8)
+  halves = [train_batches(src, tgt, config, batch_multiple=8, process_index=p, process_count=2)
+            for p in range(2)]
+  assert one.steps_per_epoch == eight.steps_per_epoch
+  for step in range(one.steps_per_epoch + 3):
+    a, b = one.batch(step), eight.batch(step)
+    n = len(a["inputs"])
+    assert len(b["inputs"]) % 8 == 0 and len(b["inputs"]) - n < 8
+    for key in ("inputs", "targets"):
+      np.testing.assert_array_equal(b[key][:n], a[key])
+      assert not b[key][n:].any()  # Padding rows, not other examples.
+      np.testing.assert_array_equal(np.concatenate([h.batch(step)[key] for h in halves]), b[key])
+
+
+def test_token_cache_is_built_once_mapped_and_keyed_by_the_vocabulary(tmp_path):
+  from transformer.data import token_cache
+
+  pairs = list(nb.generate("train", 400))
+  config = make_config()
+  tok = ip.get_tokenizer(config, str(tmp_path / "w"), PairsReader(pairs))
+  root = token_cache.cache_root(config, str(tmp_path / "w"))
+  split = token_cache.load_or_build(PairsReader(pairs), "train", tok, root)
+  assert isinstance(split.source, np.memmap) and split.source.dtype == np.uint16
+  (built,) = [p for p in root.iterdir() if p.is_dir()]
+  stamp = os.stat(built / "meta.json").st_mtime_ns
+
+  class Unreadable(PairsReader):
+    def chunks(self, split, size=64):
+      raise AssertionError("the cache should have been used")
+
+  again = token_cache.load_or_build(Unreadable(pairs), "train", tok, root)
+  fresh = TokenizedSplit.from_sequences(*ip.tokenize_pairs(tok, pairs))
+  for got in (split, again):
+    for field in ("source", "source_offsets", "target", "target_offsets"):
+      np.testing.assert_array_equal(getattr(got, field), getattr(fresh, field))
+  assert os.stat(built / "meta.json").st_mtime_ns == stamp
+  # Batches from the cache equal batches from a fresh tokenization.
+  a = ip.TrainBatches(again, config, batch_multiple=8)
+  b = ip.TrainBatches(fresh, config, batch_multiple=8)
+  for step in range(a.steps_per_epoch + 2):
+    np.testing.assert_array_equal(a.batch(step)["inputs"], b.batch(step)["inputs"])
+    np.testing.assert_array_equal(a.batch(step)["targets"], b.batch(step)["targets"])
+  # Another vocabulary or another corpus never reuses the cache.
+  other = Tokenizer.train([s for p in pairs for s in p], str(tmp_path / "other" / "spm"), 200)
+  token_cache.load_or_build(PairsReader(pairs), "train", other, root)
+  token_cache.load_or_build(PairsReader(pairs[:-1]), "train", tok, root)
+  assert len([p for p in root.iterdir() if p.is_dir()]) == 3
 
 
 # --- evaluation batches -------------------------------------------------------------------------

@@ -20,21 +20,24 @@ import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 
+from transformer import storage
 from transformer.errors import CheckpointError
 
 
 class Checkpointer:
   """A CheckpointManager for TrainState + meta under `directory`."""
 
-  def __init__(self, directory: str, max_to_keep: int | None = 3, async_save: bool = True):
-    self.directory = os.path.abspath(directory)
+  def __init__(self, directory: str | os.PathLike, max_to_keep: int | None = 3,
+               async_save: bool = True):
+    self.path = storage.as_path(directory)  # local or remote (gs://...)
+    self.directory = os.fspath(self.path)
     self._closed = False
     options = ocp.CheckpointManagerOptions(
       max_to_keep=max_to_keep, create=True, enable_async_checkpointing=async_save,
       # Steps are chosen by the training loop, not by the manager.
       save_interval_steps=1,
     )
-    self.manager = ocp.CheckpointManager(self.directory, options=options,
+    self.manager = ocp.CheckpointManager(self.path, options=options,
                                          item_names=("state", "meta"))
 
   def all_steps(self) -> list[int]:
@@ -53,7 +56,7 @@ class Checkpointer:
     )
 
   def read_meta(self, step: int) -> dict[str, Any]:
-    path = os.path.join(self.directory, str(step))
+    path = self.path / str(step)
     try:
       return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))[
         "meta"
@@ -77,7 +80,7 @@ class Checkpointer:
     steps = self.all_steps()
     damaged = []
     for step in reversed(steps):
-      path = os.path.join(self.directory, str(step))
+      path = self.path / str(step)
       meta = self.read_meta_or_none(step)
       if meta is None:
         logging.error("checkpoint %s is damaged (unreadable metadata); trying an older one", path)
@@ -106,11 +109,11 @@ class Checkpointer:
     """Moves damaged checkpoints aside (never deletes them), so their steps can be rewritten."""
     if not steps or jax.process_index() != 0:
       return
-    aside = self.directory + "_damaged"
-    os.makedirs(aside, exist_ok=True)
+    aside = self.path.parent / (self.path.name + "_damaged")
+    aside.mkdir(parents=True, exist_ok=True)
     for step in steps:
-      target = os.path.join(aside, f"{step}-{int(time.time())}")
-      os.replace(os.path.join(self.directory, str(step)), target)
+      target = aside / f"{step}-{int(time.time())}"
+      (self.path / str(step)).rename(target)
       logging.warning("moved the damaged checkpoint of step %d to %s", step, target)
     self.manager.reload()
 

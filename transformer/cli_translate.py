@@ -18,23 +18,21 @@ from typing import Any
 import jax
 
 from transformer import sharding as sharding_lib
+from transformer import storage
 from transformer.checkpoint import Checkpointer, average_params
+from transformer.data.input_pipeline import vocab_path
 from transformer.data.tokenizer import Tokenizer
-from transformer.errors import CheckpointError
+from transformer.errors import CheckpointError, UserError
 from transformer.train import Trainer, bleu_on, check_meta, evaluate, run_meta
 from transformer.translate import Translator
 from transformer.validate import validate
-
-
-def vocab_path(workdir: str) -> str:
-  return os.path.join(workdir, "vocab", "spm.model")
 
 
 def _load(config: Any, workdir: str, average: int | None):
   """Tokenizer, trainer, translator and params (newest or averaged) of a trained workdir."""
   model_config = validate(config, jax.device_count())
   path = vocab_path(workdir)
-  if not os.path.exists(path):
+  if not storage.as_path(path).exists():
     raise CheckpointError(f"{path} not found: train first with --mode=train --workdir={workdir}")
   tokenizer = Tokenizer.load(path)
   mesh = sharding_lib.make_mesh(config.mesh)
@@ -45,8 +43,7 @@ def _load(config: Any, workdir: str, average: int | None):
   if n > 1:
     steps = checkpointer.all_steps()[-n:]
     for step in steps:
-      check_meta(meta)(checkpointer.read_meta(step), os.path.join(checkpointer.directory,
-                                                                   str(step)))
+      check_meta(meta)(checkpointer.read_meta(step), checkpointer.path / str(step))
     params = average_params(checkpointer, steps, trainer.abstract_state)
     label = f"average of steps {steps}"
   else:
@@ -64,7 +61,7 @@ def translate_stream(config: Any, workdir: str, input_path: str | None,
                      average: int | None) -> None:
   """Reads lines from `input_path` (or stdin), prints one translation per line."""
   if input_path is not None and not os.path.isfile(input_path):
-    raise CheckpointError(f"--input={input_path}: no such file")
+    raise UserError(f"--input={input_path}: no such file")
   tokenizer, _, translator, params, label = _load(config, workdir, average)
   print(f"translating with the parameters of {label}", file=sys.stderr, flush=True)
   stream = open(input_path, "rb") if input_path else sys.stdin.buffer  # noqa: SIM115
@@ -109,14 +106,14 @@ def average_and_evaluate(config: Any, workdir: str, average: int | None) -> None
   if n < 2:
     raise CheckpointError("--mode=average needs --average=N with N >= 2")
   tokenizer, trainer, translator, params, label = _load(config, workdir, n)
-  splits = input_pipeline.load_splits(config)
+  reader = input_pipeline.open_reader(config)
+  valid, test = reader.read_pairs("validation"), reader.read_pairs("test")
   dp = sharding_lib.data_parallel_size(trainer.mesh)
-  valid_ids = [(tokenizer.encode(s), tokenizer.encode(t)) for s, t in splits["validation"]]
-  from transformer.train import _local_rows
-
-  batches = [_local_rows(b) for b in input_pipeline.eval_batches(valid_ids, config, dp)]
+  valid_ids = list(zip(*input_pipeline.tokenize_pairs(tokenizer, valid), strict=True))
+  batches = input_pipeline.eval_batches(valid_ids, config, dp, process_index=jax.process_index(),
+                                        process_count=jax.process_count())
   record = evaluate(trainer, params, batches, "average_eval")
-  result, _ = bleu_on(translator, params, tokenizer, splits["test"],
+  result, _ = bleu_on(translator, params, tokenizer, test,
                       os.path.join(workdir, "translations", f"test_average_{n}.txt"))
   record["average_test/bleu"] = result.score
   step = Checkpointer(os.path.join(workdir, "checkpoints"), None,

@@ -14,6 +14,9 @@ import sys
 
 # TensorFlow is only used for reading data on the host; keep its C++ logging quiet.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# gs:// workdirs through gcsfs rather than tf.io.gfile (see transformer/storage.py); etils
+# reads this when it first resolves a gs:// path.
+os.environ.setdefault("EPATH_USE_TF", "false")
 
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
@@ -103,7 +106,6 @@ def main(argv: list[str]) -> None:
     fail("--config is required, e.g. --config=configs/numbers.py")
   import jax
 
-  from transformer.data.errors import DataError
   from transformer.errors import UserError
 
   if _COORDINATOR.value or _DISTRIBUTED.value:
@@ -131,7 +133,7 @@ def main(argv: list[str]) -> None:
       from transformer import cli_translate
 
       cli_translate.average_and_evaluate(config, workdir, _AVERAGE.value)
-  except (UserError, DataError) as e:
+  except UserError as e:
     fail(str(e))
   except FloatingPointError as e:
     # Training diverged; the checkpoints hold only finite parameters.

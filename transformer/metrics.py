@@ -10,10 +10,13 @@ from __future__ import annotations
 import json
 import math
 import os
+import tempfile
 from typing import Any
 
 import jax
 import numpy as np
+
+from transformer import storage
 
 
 def summarize(sums: dict[str, float], prefix: str) -> dict[str, float]:
@@ -29,32 +32,42 @@ def summarize(sums: dict[str, float], prefix: str) -> dict[str, float]:
 
 
 class MetricWriter:
-  """Appends records to `<workdir>/metrics.jsonl` and TensorBoard events in `<workdir>/tb`."""
+  """Writes records to `<workdir>/metrics.jsonl` and TensorBoard events to `<workdir>/tb`.
 
-  def __init__(self, workdir: str, tensorboard: bool = True):
+  The workdir may be remote: object stores cannot append, so the writer keeps the file's
+  lines and rewrites it whole, atomically, on every write (a few hundred KB for a long run).
+  TensorBoard events of a remote workdir are written to a local directory and copied up
+  after each flush.
+  """
+
+  def __init__(self, workdir: str | os.PathLike, tensorboard: bool = True):
     self.active = jax.process_index() == 0
-    self.path = os.path.join(workdir, "metrics.jsonl")
-    self._tb_dir = os.path.join(workdir, "tb")
+    self.path = storage.as_path(workdir) / "metrics.jsonl"
+    self._tb_dir = storage.as_path(workdir) / "tb"
     self._tensorboard = tensorboard
     self._tb = None
+    self._tb_local: str | None = None
+    self._lines: list[str] | None = None
+
+  def _load(self) -> list[str]:
+    if self._lines is None:
+      text = self.path.read_text() if self.path.exists() else ""
+      self._lines = [ln + "\n" for ln in text.splitlines() if ln.strip()]
+    return self._lines
 
   def truncate_after(self, step: int) -> None:
     """Drops records with a step beyond `step` (written after the checkpoint we resume)."""
-    if not self.active or not os.path.exists(self.path):
+    if not self.active or not self.path.exists():
       return
-    with open(self.path) as f:
-      lines = [ln for ln in f if ln.strip()]
     kept = []
-    for ln in lines:
+    for ln in self._load():
       try:
         if json.loads(ln).get("step", 0) <= step:
           kept.append(ln)
       except json.JSONDecodeError:
         continue  # a line cut short by a kill
-    tmp = self.path + ".tmp"
-    with open(tmp, "w") as f:
-      f.writelines(kept)
-    os.replace(tmp, self.path)
+    self._lines = kept
+    storage.write_atomic(self.path, "".join(kept))
 
   def write(self, step: int, metrics: dict[str, Any]) -> None:
     if not self.active:
@@ -63,8 +76,9 @@ class MetricWriter:
     for k, v in metrics.items():
       v = np.asarray(v).item() if not isinstance(v, str) else v
       record[k] = v
-    with open(self.path, "a") as f:
-      f.write(json.dumps(record) + "\n")
+    lines = self._load()
+    lines.append(json.dumps(record) + "\n")
+    storage.write_atomic(self.path, "".join(lines))
     self._write_tensorboard(step, record)
 
   def _write_tensorboard(self, step: int, record: dict[str, Any]) -> None:
@@ -73,21 +87,26 @@ class MetricWriter:
     if self._tb is None:
       from tensorboardX import SummaryWriter
 
-      self._tb = SummaryWriter(self._tb_dir)
+      remote = storage.is_remote(self._tb_dir)
+      self._tb_local = tempfile.mkdtemp(prefix="tb-") if remote else os.fspath(self._tb_dir)
+      self._tb = SummaryWriter(self._tb_local)
     for k, v in record.items():
       if k != "step" and isinstance(v, int | float):
         self._tb.add_scalar(k, v, global_step=step)
     self._tb.flush()
+    if storage.is_remote(self._tb_dir):
+      for name in os.listdir(self._tb_local):
+        with open(os.path.join(self._tb_local, name), "rb") as f:
+          storage.write_atomic(self._tb_dir / name, f.read())
 
   def close(self) -> None:
     if self._tb is not None:
       self._tb.close()
 
 
-def read_metrics(workdir: str) -> list[dict[str, Any]]:
+def read_metrics(workdir: str | os.PathLike) -> list[dict[str, Any]]:
   """All records of `<workdir>/metrics.jsonl`."""
-  path = os.path.join(workdir, "metrics.jsonl")
-  if not os.path.exists(path):
+  path = storage.as_path(workdir) / "metrics.jsonl"
+  if not path.exists():
     return []
-  with open(path) as f:
-    return [json.loads(ln) for ln in f if ln.strip()]
+  return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]

@@ -25,12 +25,14 @@ from absl import logging
 
 from transformer import bleu as bleu_lib
 from transformer import sharding as sharding_lib
+from transformer import storage
 from transformer.checkpoint import Checkpointer, average_params
 from transformer.data import input_pipeline
 from transformer.errors import CheckpointError, ConfigError
 from transformer.metrics import MetricWriter, summarize
 from transformer.model import TransformerConfig
 from transformer.models import build_model
+from transformer.prefetch import Prefetcher
 from transformer.train_state import TrainState, make_eval_step, make_optimizer, make_train_step
 from transformer.translate import Translator
 from transformer.validate import validate
@@ -113,36 +115,27 @@ def evaluate(trainer: Trainer, params: Any, batches: list[dict[str, np.ndarray]]
   """Loss, nll, perplexity and token accuracy over fixed-shape batches."""
   totals: dict[str, float] = {}
   for batch in batches:
-    sums = trainer.eval_step(params, sharding_lib.local_batch_to_global(batch, trainer.mesh))
+    rows = {k: batch[k] for k in ("inputs", "targets")}
+    sums = trainer.eval_step(params, sharding_lib.local_batch_to_global(rows, trainer.mesh))
     for k, v in jax.device_get(sums).items():
       totals[k] = totals.get(k, 0.0) + float(v)
   return summarize(totals, prefix)
 
 
-def _local_rows(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-  """This process's contiguous share of a global host batch."""
-  n, p = jax.process_count(), jax.process_index()
-  rows = batch["inputs"].shape[0] // n
-  return {k: v[p * rows:(p + 1) * rows] for k, v in batch.items() if k in ("inputs", "targets")}
-
-
 def bleu_on(translator: Translator, params: Any, tokenizer, pairs: list[tuple[str, str]],
-            path: str | None) -> tuple[bleu_lib.BleuResult, list[str]]:
+            path: str | os.PathLike | None) -> tuple[bleu_lib.BleuResult, list[str]]:
   """Translates the sources of `pairs`, scores against the targets, writes the outputs."""
   src_ids = [tokenizer.encode(s) for s, _ in pairs]
   hyps = [tokenizer.decode(ids) for ids in translator.translate_ids(params, src_ids)]
   result = bleu_lib.corpus_bleu(hyps, [t for _, t in pairs])
   if path is not None and jax.process_index() == 0:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-      f.writelines(h + "\n" for h in hyps)
+    storage.write_atomic(path, "".join(h + "\n" for h in hyps))
   return result, hyps
 
 
 def run_meta(config: Any, model_config: TransformerConfig, vocab_path: str) -> dict[str, Any]:
   """What a checkpoint must agree on with the run that restores it."""
-  with open(vocab_path, "rb") as f:
-    vocab_sha = hashlib.sha256(f.read()).hexdigest()
+  vocab_sha = hashlib.sha256(storage.as_path(vocab_path).read_bytes()).hexdigest()
   model = dataclasses.asdict(model_config)
   return {"model": model, "vocab_sha256": vocab_sha, "config": json.loads(config.to_json())}
 
@@ -196,172 +189,186 @@ class _StopSignal:
       signal.signal(sig, handler)
 
 
+def every(step: int, period: int, last: int) -> bool:
+  """Whether something done every `period` steps (0: never) is due after `step`, before `last`."""
+  return bool(period) and step % period == 0 and step < last
+
+
+class Meter:
+  """Throughput and host-time bookkeeping between two log lines."""
+
+  def __init__(self, step: int):
+    self.reset(step)
+
+  def reset(self, step: int) -> None:
+    self.start_time, self.start_step, self.host_time = time.time(), step, 0.0
+    self.sums: dict[str, float] = {}
+
+  def add(self, metrics: dict[str, jax.Array]) -> None:
+    for k, v in jax.device_get(metrics).items():
+      self.sums[k] = self.sums.get(k, 0.0) + float(v)
+
+  def record(self, step: int, learning_rate: float) -> dict[str, float]:
+    elapsed = max(time.time() - self.start_time, 1e-9)
+    steps = max(step - self.start_step, 1)
+    record = summarize(self.sums, "train")
+    record.update({
+      "train/learning_rate": learning_rate,
+      "train/grad_norm": self.sums["grad_norm"] / steps,
+      "train/param_norm": self.sums["param_norm"] / steps,
+      "train/nonfinite_steps": self.sums["nonfinite"],
+      "train/steps_per_s": steps / elapsed,
+      # Real (non-padding) source and target tokens.
+      "train/tokens_per_s": (self.sums["tokens"] + self.sums["source_tokens"]) / elapsed,
+      # The share of wall time the loop waited for a batch (built ahead in a thread).
+      "train/host_fraction": self.host_time / elapsed,
+    })
+    return record
+
+
 def train_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
   """Trains with evaluation and checkpoints; resumes from the newest checkpoint in `workdir`.
 
-  Returns the final metrics (with `interrupted` set if a signal stopped the run).
+  `workdir` may be local or in an object store (`gs://...`). Process 0 holds the workdir's
+  lock for the whole run. Returns the final metrics (with `interrupted` set if a signal
+  stopped the run).
   """
-  model_config = validate(config, jax.device_count(), workdir)
-  mesh = sharding_lib.make_mesh(config.mesh)
-  dp = sharding_lib.data_parallel_size(mesh)
-  # Check the data before writing anything into the workdir.
-  splits = input_pipeline.load_splits(config)
-  os.makedirs(workdir, exist_ok=True)
-  tokenizer = input_pipeline.get_tokenizer(config, workdir, splits["train"])
-  if tokenizer.vocab_size != model_config.vocab_size:
-    raise ConfigError(
-      f"data.vocab_size={model_config.vocab_size} but {tokenizer.path} has "
-      f"{tokenizer.vocab_size} pieces; use a new --workdir"
-    )
-  meta = run_meta(config, model_config, tokenizer.path)
+  model_config = validate(config, jax.device_count())
+  reader = input_pipeline.open_reader(config)  # Checks the data before writing anything.
+  workdir = os.fspath(storage.check_writable(workdir))
+  if config.data.get("cache_dir"):
+    storage.check_writable(config.data.cache_dir, "--config.data.cache_dir")
+  lock = storage.WorkdirLock(workdir) if jax.process_index() == 0 else contextlib.nullcontext()
+  with lock:
+    return _train_and_evaluate(config, workdir, model_config, reader)
 
+
+def _train_and_evaluate(config: Any, workdir: str, model_config: TransformerConfig,
+                        reader: Any) -> dict[str, Any]:
+  mesh = sharding_lib.make_mesh(config.mesh)
+  data = input_pipeline.build_pipeline(
+    config, workdir, batch_multiple=sharding_lib.data_parallel_size(mesh), reader=reader,
+    process_index=jax.process_index(), process_count=jax.process_count())
+  del reader
+  if data.tokenizer.vocab_size != model_config.vocab_size:
+    raise ConfigError(f"data.vocab_size={model_config.vocab_size} but {data.tokenizer.path} has "
+                      f"{data.tokenizer.vocab_size} pieces; use a new --workdir")
+  meta = run_meta(config, model_config, data.tokenizer.path)
   trainer = Trainer(config, mesh, model_config)
   checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), config.keep_checkpoints)
   writer = None
+  ahead = None
   try:
     restored = checkpointer.restore_latest(trainer.abstract_state, check_meta(meta))
-    if restored is None:
-      state = trainer.init_state(config.seed)
-      logging.info("Starting from scratch in %s", workdir)
-    else:
-      state, step = restored
-      logging.info("Resumed from the checkpoint of step %d in %s", step, workdir)
-    start_step = int(jax.device_get(state.step))
+    state = trainer.init_state(config.seed) if restored is None else restored[0]
+    step = int(jax.device_get(state.step))
+    logging.info("%s in %s", f"Resumed at step {step}" if step else "Starting", workdir)
     writer = MetricWriter(workdir)
-    writer.truncate_after(start_step)
-
-    # Tokenize once; batch i is then a pure function of (seed, i), so resuming is exact.
-    train_src, train_tgt = input_pipeline.tokenize_pairs(tokenizer, splits["train"])
-    batches = input_pipeline.TrainBatches(
-      train_src, train_tgt, config, batch_multiple=dp,
-      process_index=jax.process_index(), process_count=jax.process_count(),
-    )
-    valid_ids = [(tokenizer.encode(s), tokenizer.encode(t)) for s, t in splits["validation"]]
-    eval_batches = [
-      _local_rows(b) for b in input_pipeline.eval_batches(valid_ids, config, batch_multiple=dp)
-    ]
+    writer.truncate_after(step)
     translator = Translator(model_config, config.decode, mesh, trainer.state_shardings.params,
                             config.data.bucket_lengths)
-    bleu_pairs = splits["validation"]
-    if config.eval_bleu_sentences:
-      bleu_pairs = bleu_pairs[: config.eval_bleu_sentences]
+    bleu_pairs = data.references["validation"][: config.eval_bleu_sentences or None]
     n_params = sum(x.size for x in jax.tree.leaves(trainer.abstract_state.params))
     logging.info("Model: %s parameters; mesh %s; batch shapes %s", f"{n_params:,}",
-                 dict(mesh.shape), batches.shapes())
+                 dict(mesh.shape), data.train.shapes())
 
+    def save(step: int, state: TrainState) -> None:
+      check_nonfinite(config, state)  # Never checkpoint a run that has diverged.
+      checkpointer.save(step, state, meta)
+
+    # Batch i is a pure function of (seed, i), built ahead in a thread; resuming is exact.
+    ahead = Prefetcher(
+      lambda i: sharding_lib.local_batch_to_global(data.train.batch(i), mesh),
+      step, config.num_train_steps)
     rng = jax.random.key(config.seed)
-    result: dict[str, Any] = {"interrupted": None}
-    last_log_time, last_log_step, host_time, tokens_seen = time.time(), start_step, 0.0, 0.0
-    train_sums: dict[str, float] = {}
-    pending = None  # metrics of the last step, fetched lazily to keep the device busy
-    step = start_step
+    meter = Meter(step)
+    pending = None  # metrics of the last step, fetched one step late to keep the device busy
     with _StopSignal() as stop:
       while step < config.num_train_steps:
         t0 = time.time()
-        batch = sharding_lib.local_batch_to_global(batches.batch(step), mesh)
-        host_time += time.time() - t0
+        batch = ahead.next()
+        meter.host_time += time.time() - t0
         state, metrics = trainer.train_step(state, batch, rng)
         step += 1
         if pending is not None:
-          _accumulate(train_sums, pending)
+          meter.add(pending)
         pending = metrics
-
-        if step % config.log_every_steps == 0 or step == config.num_train_steps:
-          _accumulate(train_sums, pending)
+        if every(step, config.log_every_steps, step + 1) or step == config.num_train_steps:
+          meter.add(pending)
           pending = None
-          elapsed = time.time() - last_log_time
-          tokens_seen = train_sums.pop("_tokens_total", 0.0)
-          steps_done = step - last_log_step
-          record = summarize(train_sums, "train")
-          record.update({
-            "train/learning_rate": trainer.learning_rate(step - 1),
-            "train/grad_norm": train_sums["grad_norm"] / max(steps_done, 1),
-            "train/param_norm": train_sums["param_norm"] / max(steps_done, 1),
-            "train/nonfinite_steps": train_sums["nonfinite"],
-            "train/steps_per_s": steps_done / max(elapsed, 1e-9),
-            "train/tokens_per_s": tokens_seen / max(elapsed, 1e-9),
-            "train/host_fraction": host_time / max(elapsed, 1e-9),
-          })
+          record = meter.record(step, trainer.learning_rate(step - 1))
           writer.write(step, record)
           eta = (config.num_train_steps - step) / max(record["train/steps_per_s"], 1e-9)
           logging.info(
             "step %d/%d  loss %.4f  acc %.3f  lr %.2e  %.0f tokens/s  host %.1f%%  ETA %s",
             step, config.num_train_steps, record["train/loss"], record["train/accuracy"],
             record["train/learning_rate"], record["train/tokens_per_s"],
-            100 * record["train/host_fraction"], _duration(eta),
-          )
-          _check_nonfinite(config, state)
-          train_sums, last_log_time, last_log_step, host_time = {}, time.time(), step, 0.0
-
-        if step % config.eval_every_steps == 0 and step < config.num_train_steps:
-          record = evaluate(trainer, state.params, eval_batches, "eval")
+            100 * record["train/host_fraction"], _duration(eta))
+          check_nonfinite(config, state)
+          meter.reset(step)
+        if every(step, config.eval_every_steps, config.num_train_steps):
+          record = evaluate(trainer, state.params, data.eval["validation"], "eval")
           writer.write(step, record)
           logging.info("eval at step %d: %s", step, _fmt(record))
-        if config.bleu_every_steps and step % config.bleu_every_steps == 0 and (
-            step < config.num_train_steps):
-          res, _ = bleu_on(translator, state.params, tokenizer, bleu_pairs,
+        if every(step, config.bleu_every_steps, config.num_train_steps):
+          res, _ = bleu_on(translator, state.params, data.tokenizer, bleu_pairs,
                            os.path.join(workdir, "translations", f"validation_{step}.txt"))
           writer.write(step, {"eval/bleu": res.score})
           logging.info("validation BLEU at step %d: %.2f", step, res.score)
-        if step % config.checkpoint_every_steps == 0 or step == config.num_train_steps:
-          _check_nonfinite(config, state)
-          checkpointer.save(step, state, meta)
+        if every(step, config.checkpoint_every_steps, config.num_train_steps):
+          save(step, state)
         if stop.received is not None:
-          _check_nonfinite(config, state)
-          checkpointer.save(step, state, meta)
+          save(step, state)
           checkpointer.wait()
           name = signal.Signals(stop.received).name
           logging.warning("%s received: saved the checkpoint of step %d in %s; rerun the same "
                           "command to continue", name, step, checkpointer.directory)
-          result["interrupted"] = name
-          result["step"] = step
-          return result
-
-    # Final evaluation: the newest state, or the average of the last checkpoints.
-    checkpointer.save(step, state, meta)
+          return {"interrupted": name, "step": step}
+    ahead.close()
+    save(step, state)
     checkpointer.wait()
-    params = state.params
-    if config.average_last_checkpoints > 1:
-      steps = checkpointer.all_steps()[-config.average_last_checkpoints:]
-      params = average_params(checkpointer, steps, trainer.abstract_state)
-      logging.info("Evaluating the average of the checkpoints of steps %s", steps)
-    final = evaluate(trainer, params, eval_batches, "eval")
-    valid_bleu, _ = bleu_on(translator, params, tokenizer, bleu_pairs,
-                            os.path.join(workdir, "translations", f"validation_{step}.txt"))
-    final["eval/bleu"] = valid_bleu.score
-    test_bleu, test_hyps = bleu_on(translator, params, tokenizer, splits["test"],
-                                   os.path.join(workdir, "translations", f"test_{step}.txt"))
-    final["test/bleu"] = test_bleu.score
-    if config.dataset == "wmt14":
-      final["test/bleu_tokenized"] = bleu_lib.tokenized_bleu(
-        test_hyps, [t for _, t in splits["test"]]).score
-    writer.write(step, final)
-    result.update(final)
-    result["step"] = step
-    result["bleu_signature"] = test_bleu.signature
-    result["samples"] = [
-      (s, h, t) for (s, t), h in zip(splits["test"][: config.num_samples_to_print],
-                                     test_hyps[: config.num_samples_to_print], strict=True)
-    ]
-    return result
+    final = final_evaluation(config, trainer, translator, checkpointer, state.params, data,
+                             workdir, step)
+    writer.write(step, {k: v for k, v in final.items() if isinstance(v, float)})
+    return final
   finally:
     # Also on errors: wait for an async save in flight, so it finishes or is cleanly dropped.
+    if ahead is not None:
+      ahead.close()
     checkpointer.close()
     if writer is not None:
       writer.close()
 
 
+def final_evaluation(config: Any, trainer: Trainer, translator: Translator,
+                     checkpointer: Checkpointer, params: Any, data: input_pipeline.Pipeline,
+                     workdir: str, step: int) -> dict[str, Any]:
+  """Validation loss and BLEU and test BLEU of `params`, or of the average of the last
+  `config.average_last_checkpoints` checkpoints when that is above 1 (section 6.1)."""
+  if config.average_last_checkpoints > 1:
+    steps = checkpointer.all_steps()[-config.average_last_checkpoints:]
+    params = average_params(checkpointer, steps, trainer.abstract_state)
+    logging.info("Evaluating the average of the checkpoints of steps %s", steps)
+  final: dict[str, Any] = evaluate(trainer, params, data.eval["validation"], "eval")
+  bleu_pairs = data.references["validation"][: config.eval_bleu_sentences or None]
+  valid_bleu, _ = bleu_on(translator, params, data.tokenizer, bleu_pairs,
+                          os.path.join(workdir, "translations", f"validation_{step}.txt"))
+  final["eval/bleu"] = valid_bleu.score
+  test = data.references["test"]
+  test_bleu, test_hyps = bleu_on(translator, params, data.tokenizer, test,
+                                 os.path.join(workdir, "translations", f"test_{step}.txt"))
+  final["test/bleu"] = test_bleu.score
+  if config.dataset == "wmt14":
+    final["test/bleu_tokenized"] = bleu_lib.tokenized_bleu(test_hyps, [t for _, t in test]).score
+  n = config.num_samples_to_print
+  final.update({
+    "interrupted": None, "step": step, "bleu_signature": test_bleu.signature,
+    "samples": [(s, h, t) for (s, t), h in zip(test[:n], test_hyps[:n], strict=True)],
+  })
+  return final
 
-def _accumulate(totals: dict[str, float], metrics: dict[str, jax.Array]) -> None:
-  fetched = jax.device_get(metrics)
-  for k, v in fetched.items():
-    totals[k] = totals.get(k, 0.0) + float(v)
-  # Throughput counts the real (non-padding) source and target tokens.
-  totals["_tokens_total"] = totals.get("_tokens_total", 0.0) + float(
-    fetched["tokens"] + fetched["source_tokens"])
 
-
-def _check_nonfinite(config: Any, state: TrainState) -> None:
+def check_nonfinite(config: Any, state: TrainState) -> None:
   in_a_row = int(jax.device_get(state.nonfinite_in_a_row))
   total = int(jax.device_get(state.nonfinite_total))
   if total and config.nonfinite == "stop":

@@ -3,7 +3,6 @@ names the field and says what would be valid."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from transformer import sharding as sharding_lib
@@ -50,7 +49,7 @@ def model_config(config: Any) -> TransformerConfig:
     raise ConfigError(str(e)) from None
 
 
-def validate(config: Any, num_devices: int, workdir: str | None = None) -> TransformerConfig:
+def validate(config: Any, num_devices: int) -> TransformerConfig:
   """Checks every field; returns the model config. Raises ConfigError (one line)."""
   if _get(config, "dataset") not in DATASETS:
     raise ConfigError(f"dataset={config.dataset!r}: must be one of {', '.join(DATASETS)}")
@@ -132,17 +131,4 @@ def validate(config: Any, num_devices: int, workdir: str | None = None) -> Trans
       f"use at least {buckets[-1] * dp}"
     )
 
-  if workdir is not None:
-    _check_writable(workdir)
   return mc
-
-
-def _check_writable(workdir: str) -> None:
-  path = os.path.abspath(workdir)
-  probe = path
-  while not os.path.exists(probe):
-    probe = os.path.dirname(probe)
-  if not os.path.isdir(probe):
-    raise ConfigError(f"--workdir={workdir}: {probe} is a file, not a directory")
-  if not os.access(probe, os.W_OK | os.X_OK):
-    raise ConfigError(f"--workdir={workdir}: {probe} is not writable")

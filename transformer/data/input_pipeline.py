@@ -1,9 +1,11 @@
 """Input pipeline: TFDS translation pairs -> SentencePiece ids -> fixed-shape batches.
 
 Reading uses TFDS/tf.data on the host only (TensorFlow never sees a GPU); everything after
-that is NumPy. The training set is tokenized once and kept in memory as flat int32 arrays, and
-training batch `step` is a pure function of `(config.seed, step)`, so that resuming from a
-checkpoint at step `s` continues with exactly the batches an uninterrupted run would see.
+that is NumPy. The training split is streamed once to sample the vocabulary's training text,
+once more to tokenize it into a cache of flat arrays (`token_cache`), and on every later start
+the cache is memory-mapped: no training sentence is held as a Python string. Training batch
+`step` is a pure function of `(config.seed, step)`, the same whether the ids come from the cache
+or from a fresh tokenization, and independent of the number of devices.
 
 Batches are dicts of int32 arrays `inputs` and `targets`, both `[rows, L]`, where `L` is one of
 `config.data.bucket_lengths` (the smallest that holds both sides of every example in the batch)
@@ -19,47 +21,34 @@ Lengths (in tokens, EOS included):
 
 Config fields read: `dataset`, `data_dir`, `seed`, and in `data`: `source_lang`, `target_lang`,
 `download` (optional, default False), `numbers_variant` (optional, 'default' or 'tiny'),
-`vocab_size`, `spm_train_sentences`, `max_source_len`,
-`max_target_len`, `tokens_per_batch`, `bucket_lengths`, `eval_batch_size`.
+`vocab_size`, `spm_train_sentences`, `max_source_len`, `max_target_len`, `tokens_per_batch`,
+`bucket_lengths`, `eval_batch_size`, `cache_dir` (optional).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 import os
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
+from absl import logging
 
+from transformer import storage
+from transformer.data import token_cache
 from transformer.data.errors import DataError
+from transformer.data.tfds_io import SplitReader, data_dir_of, import_tensorflow, require_prepared
+from transformer.data.token_cache import TokenizedSplit
 from transformer.data.tokenizer import EOS_ID, Tokenizer, VocabSizeError
 
 SPLITS = ("train", "validation", "test")
 WMT14_NAME = "wmt14_translate/de-en"
 _LANGS = ("en", "de")
-_READ_BATCH = 4096
 
 Batch = dict[str, np.ndarray]
-
-
-def import_tensorflow() -> Any:
-  """Imports TensorFlow for tf.data on the host, hiding every GPU from it first."""
-  import tensorflow as tf
-
-  try:
-    tf.config.set_visible_devices([], "GPU")
-  except RuntimeError:
-    pass  # TF is already initialised; the first call of this function hid the GPUs.
-  return tf
-
-
-def data_dir_of(config: Any) -> str:
-  """The TFDS data directory: `config.data_dir`, else $TFDS_DATA_DIR, else ~/tensorflow_datasets."""
-  d = config.get("data_dir") or os.environ.get("TFDS_DATA_DIR") or "~/tensorflow_datasets"
-  return os.path.expanduser(d)
 
 
 def _language_pair(config: Any) -> tuple[str, str]:
@@ -72,139 +61,104 @@ def _language_pair(config: Any) -> tuple[str, str]:
   return src, tgt
 
 
-def read_pairs(ds: Any, source_key: str, target_key: str) -> list[tuple[str, str]]:
-  """Reads a tf.data dataset of text dicts into (source, target) strings, in order."""
-  import tensorflow_datasets as tfds
+def open_reader(config: Any) -> SplitReader:
+  """The corpus of `config.dataset`, in the direction source_lang -> target_lang.
 
-  pairs: list[tuple[str, str]] = []
-  for ex in tfds.as_numpy(ds.batch(_READ_BATCH)):
-    src = [s.decode("utf-8") for s in ex[source_key]]
-    tgt = [s.decode("utf-8") for s in ex[target_key]]
-    pairs.extend(zip(src, tgt, strict=True))
-  return pairs
-
-
-def read_split(builder: Any, split: str, source_key: str, target_key: str) -> list[tuple[str, str]]:
-  """Reads one split of a TFDS text builder as (source, target) strings, deterministically.
-
-  Prepared TFRecord data is read directly, parsing whole batches of records at once: TFDS
-  parses one example at a time (~10k/s here), which takes minutes for WMT's 4.5M pairs.
-  Anything else (other file formats, `tfds.testing.mock_data`) goes through `as_dataset`.
-  """
-  import tensorflow_datasets as tfds
-
-  tf = import_tensorflow()
-  info = builder.info
-  serialized = info.features.get_serialized_info()
-  fast = (
-    builder.is_prepared()
-    and info.file_format == tfds.core.FileFormat.TFRECORD
-    and all(
-      k in serialized and getattr(serialized[k], "dtype", None) == tf.string
-      for k in (source_key, target_key)
-    )
-  )
-  if not fast:
-    return read_pairs(builder.as_dataset(split=split, shuffle_files=False), source_key, target_key)
-  files = [os.fspath(f) for f in info.splits[split].filepaths]
-  spec = {k: tf.io.FixedLenFeature([], tf.string) for k in (source_key, target_key)}
-  ds = tf.data.TFRecordDataset(files).batch(_READ_BATCH)
-  ds = ds.map(lambda records: tf.io.parse_example(records, spec))
-  pairs: list[tuple[str, str]] = []
-  for ex in ds.as_numpy_iterator():
-    src = [s.decode("utf-8") for s in ex[source_key]]
-    tgt = [s.decode("utf-8") for s in ex[target_key]]
-    pairs.extend(zip(src, tgt, strict=True))
-  return pairs
-
-
-def _load_wmt14(config: Any, src: str, tgt: str) -> dict[str, list[tuple[str, str]]]:
-  import_tensorflow()
-  import tensorflow_datasets as tfds
-
-  data_dir = data_dir_of(config)
-  builder = tfds.builder(WMT14_NAME, data_dir=data_dir)
-  # Offline, a download retries for minutes: only try it when the user asks.
-  if config.data.get("download", False) and not builder.is_prepared():
-    builder.download_and_prepare()
-  if not builder.is_prepared():
-    try:
-      builder.as_dataset(split="validation")  # Checks for data (and works under mock_data).
-    except AssertionError:  # TFDS: "could not find data in <dir>".
-      raise DataError(
-        f"{WMT14_NAME} is not prepared in {data_dir}: run `tfds build {WMT14_NAME} "
-        f"--data_dir={data_dir}` on a machine with internet, then pass "
-        f"--config.data_dir={data_dir}"
-      ) from None
-  # validation is newstest2013, test is newstest2014. The files hold (de, en): the keys pick
-  # the direction.
-  return {split: read_split(builder, split, src, tgt) for split in SPLITS}
-
-
-def load_splits(config: Any) -> dict[str, list[tuple[str, str]]]:
-  """Reads the train, validation and test splits as (source, target) strings.
-
-  `config.dataset` 'numbers' generates the embedded corpus into the data dir if it is not
-  there yet (offline; ~20 s for the default 200k pairs, ~1 s for the optional
-  `config.data.numbers_variant='tiny'`).
-
-  'wmt14' reads prepared `wmt14_translate/de-en` (validation is newstest2013, test
-  newstest2014) and raises `DataError` at once if it is not prepared, unless
-  `config.data.download` allows TFDS to download and prepare it.
-
-  Returns:
-    {'train': [...], 'validation': [...], 'test': [...]}, each a list of (source, target) in
-    the direction `config.data.source_lang` -> `config.data.target_lang`, in file order.
+  'numbers' generates the embedded corpus into the data dir if it is not there yet (offline;
+  ~20 s for the default 200k pairs, ~1 s for `config.data.numbers_variant='tiny'`; concurrent
+  processes build it once). 'wmt14' opens prepared `wmt14_translate/de-en` (validation is
+  newstest2013, test newstest2014) and raises `DataError` at once if it is not prepared,
+  unless `config.data.download` allows TFDS to download and prepare it.
   """
   src, tgt = _language_pair(config)
+  data_dir = data_dir_of(config)
   if config.dataset == "numbers":
     from transformer.data import numbers
 
-    data_dir = data_dir_of(config)
     variant = config.data.get("numbers_variant", "default")
     if variant not in numbers.NumbersTranslate.builder_configs:
       raise DataError(
         f"config.data.numbers_variant must be one of "
         f"{sorted(numbers.NumbersTranslate.builder_configs)}, got {variant!r}"
       )
-    numbers.build_numbers(data_dir, variant)
-    out = {}
-    for split in SPLITS:
-      pairs = numbers.load_numbers(split, data_dir, variant)  # (en, de)
-      out[split] = pairs if src == "en" else [(d, e) for e, d in pairs]
-    return out
+    return SplitReader(numbers.build_numbers(data_dir, variant), src, tgt)
   if config.dataset == "wmt14":
-    return _load_wmt14(config, src, tgt)
+    import_tensorflow()
+    import tensorflow_datasets as tfds
+
+    builder = tfds.builder(WMT14_NAME, data_dir=data_dir)
+    # Offline, a download retries for minutes: only try it when the user asks.
+    if config.data.get("download", False) and not builder.is_prepared():
+      builder.download_and_prepare()
+    require_prepared(builder, WMT14_NAME, data_dir)
+    # The files hold (de, en): the keys pick the direction.
+    return SplitReader(builder, src, tgt)
   raise DataError(f"config.dataset must be 'numbers' or 'wmt14', got {config.dataset!r}")
 
 
-def get_tokenizer(config: Any, workdir: str, train_pairs: Sequence[tuple[str, str]]) -> Tokenizer:
+def load_splits(config: Any) -> dict[str, list[tuple[str, str]]]:
+  """All three splits as (source, target) strings, in file order: for small corpora only.
+
+  Training reads the training split through `build_pipeline`, which never holds it as strings.
+  """
+  reader = open_reader(config)
+  return {split: reader.read_pairs(split) for split in SPLITS}
+
+
+def vocabulary_sample(reader: SplitReader, n: int, seed: int) -> Iterator[bytes]:
+  """Both sides of `n` training pairs drawn without replacement with `seed`, in file order.
+
+  The pairs are chosen by index and picked out of the stream, so the corpus is never held in
+  memory.
+  """
+  total = reader.num_examples("train")
+  n = min(n, total)
+  rng = np.random.default_rng([seed, 1])
+  chosen = np.sort(rng.choice(total, size=n, replace=False))
+  base = 0
+  for src, tgt in reader.chunks("train"):
+    lo, hi = np.searchsorted(chosen, [base, base + len(src)])
+    for i in (chosen[lo:hi] - base).tolist():
+      yield src[i]
+      yield tgt[i]
+    base += len(src)
+    if hi == n:
+      return
+
+
+def vocab_path(workdir: str | os.PathLike) -> str:
+  """`<workdir>/vocab/spm.model`."""
+  return os.fspath(storage.as_path(workdir) / "vocab" / "spm.model")
+
+
+def get_tokenizer(config: Any, workdir: str, reader: SplitReader | None, *,
+                  builder: bool = True, wait_timeout: float = 4 * 3600) -> Tokenizer:
   """Loads `<workdir>/vocab/spm.model`, or trains it on a sample of the training pairs.
 
   The vocabulary has exactly `config.data.vocab_size` ids (else `DataError`: a stored one of
   another size, or a training text too small for that many pieces).
 
   The sample is `config.data.spm_train_sentences` pairs (both sides) drawn with
-  `config.seed`, so training is deterministic: processes sharing a workdir write identical
-  files (atomically), and a resumed run reuses the stored vocabulary.
+  `config.seed` (`vocabulary_sample`), so training is deterministic and a resumed run reuses
+  the stored vocabulary. Only a `builder` process (process 0) trains; the others wait for
+  its file.
   """
-  path = os.path.join(workdir, "vocab", "spm.model")
-  if os.path.exists(path):
+  path = storage.as_path(vocab_path(workdir))
+  if not path.exists() and not builder:
+    start = time.time()
+    while not path.exists():
+      if time.time() - start > wait_timeout:
+        raise DataError(f"waited {wait_timeout:.0f} s for process 0 to write {path}")
+      time.sleep(1.0)
+  if path.exists():
     tok = Tokenizer.load(path)
   else:
-    if not train_pairs:
+    if reader is None or reader.num_examples("train") == 0:
       raise DataError("cannot train a vocabulary: the training split is empty")
-    n = min(int(config.data.spm_train_sentences), len(train_pairs))
-    rng = np.random.default_rng([config.seed, 1])
-    idx = np.sort(rng.choice(len(train_pairs), size=n, replace=False))
-    texts = (s for i in idx.tolist() for s in train_pairs[i])
+    texts = vocabulary_sample(reader, int(config.data.spm_train_sentences), config.seed)
     try:
-      tok = Tokenizer.train(
-        texts,
-        os.path.join(workdir, "vocab", "spm"),
-        config.data.vocab_size,
-        seed=config.seed,
-      )
+      tok = Tokenizer.train(texts, os.fspath(path)[: -len(".model")], config.data.vocab_size,
+                            seed=config.seed)
     except VocabSizeError as e:
       raise DataError(
         f"config.data.vocab_size={config.data.vocab_size} is too large for the "
@@ -232,18 +186,6 @@ def tokenize_pairs(
   return src, tgt
 
 
-def _flatten(seqs: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
-  """Concatenated int32 tokens [total] and int64 offsets [n + 1] of a list of sequences."""
-  lengths = np.fromiter((len(s) for s in seqs), np.int64, count=len(seqs))
-  offsets = np.zeros(len(seqs) + 1, np.int64)
-  np.cumsum(lengths, out=offsets[1:])
-  if seqs and all(isinstance(s, np.ndarray) for s in seqs):
-    flat = np.concatenate(seqs).astype(np.int32, copy=False)
-  else:
-    flat = np.fromiter(itertools.chain.from_iterable(seqs), np.int32, count=int(offsets[-1]))
-  return flat, offsets
-
-
 def _buckets(config: Any) -> list[int]:
   buckets = [int(b) for b in config.data.bucket_lengths]
   if not buckets or buckets != sorted(set(buckets)) or buckets[0] < 1:
@@ -251,13 +193,14 @@ def _buckets(config: Any) -> list[int]:
   return buckets
 
 
-def _round_batch(rows: int, batch_multiple: int, process_count: int) -> int:
+def padded_rows(rows: int, batch_multiple: int, process_count: int) -> int:
+  """`rows` rounded up to a multiple of `batch_multiple` (the devices a batch is split over)."""
   if batch_multiple < 1 or batch_multiple % process_count:
     raise ValueError(
       f"batch_multiple={batch_multiple} must be a positive multiple of "
       f"process_count={process_count}"
     )
-  return max(batch_multiple, rows // batch_multiple * batch_multiple)
+  return -(-rows // batch_multiple) * batch_multiple
 
 
 @dataclasses.dataclass
@@ -269,70 +212,65 @@ class _EpochPlan:
 
 
 class TrainBatches:
-  """Training batches as a pure function of (config.seed, step), from in-memory ids.
+  """Training batches as a pure function of (config.seed, step), from flat token ids.
 
   Epoch e draws a permutation of the examples from `np.random.default_rng([seed, e])`, groups
   the examples by length bucket (keeping the permuted order), cuts each bucket k into batches
-  of B_k rows (the last may be partial and is padded with zero rows), and shuffles the list of
-  batches with the same generator. B_k = tokens_per_batch // L_k rounded down to a multiple of
-  `batch_multiple` (at least `batch_multiple`), so a batch has at most tokens_per_batch
-  positions per side unless even `batch_multiple` rows exceed it. Every epoch has the same
-  number of steps, because the number of examples in each bucket does not change.
+  of B_k = max(1, tokens_per_batch // L_k) examples (the last may be partial), and shuffles the
+  list of batches with the same generator. Every epoch has the same number of steps, because
+  the number of examples in each bucket does not change.
+
+  The plan does not depend on the devices: a batch's rows are padded with all-zero rows up to
+  a multiple of `batch_multiple` (the data-parallel size), never cut, so 1 device and 8 train
+  on the same examples, and a run can resume on another mesh.
   """
 
   def __init__(
     self,
-    src_ids: Sequence[np.ndarray | Sequence[int]],
-    tgt_ids: Sequence[np.ndarray | Sequence[int]],
+    split: TokenizedSplit,
     config: Any,
     *,
-    batch_multiple: int,
+    batch_multiple: int = 1,
     process_index: int = 0,
     process_count: int = 1,
   ):
-    """Filters and stores the examples.
+    """Filters the examples by length; the ids stay where they are (e.g. memory-mapped).
 
     Args:
-      src_ids, tgt_ids: per example, the ids of each side (ending in EOS), e.g. from
-        `tokenize_pairs`; only the kept examples are copied, so the caller may drop these.
+      split: the tokenized training pairs, ending in EOS (e.g. from `token_cache`).
       config: reads `seed` and `data.{tokens_per_batch, bucket_lengths, max_source_len,
         max_target_len}`.
-      batch_multiple: every global batch size is a multiple of this (the number of devices the
+      batch_multiple: every batch has a multiple of this many rows (the number of devices the
         batch is split over); it must be a multiple of `process_count`.
       process_index, process_count: this process returns rows
-        [process_index * B / process_count, (process_index + 1) * B / process_count).
+        [process_index * R / process_count, (process_index + 1) * R / process_count) of each
+        global batch of R rows.
     """
-    if len(src_ids) != len(tgt_ids):
-      raise ValueError(f"{len(src_ids)} source but {len(tgt_ids)} target sequences")
     if not 0 <= process_index < process_count:
       raise ValueError(f"process_index={process_index} not in [0, {process_count})")
+    self.split = split
     self.seed = int(config.seed)
     self.process_index = process_index
     self.process_count = process_count
     self.buckets = _buckets(config)
-    src_len = np.fromiter((len(s) for s in src_ids), np.int64, count=len(src_ids))
-    tgt_len = np.fromiter((len(s) for s in tgt_ids), np.int64, count=len(tgt_ids))
+    src_len, tgt_len = split.source_lengths(), split.target_lengths()
     longest = np.maximum(src_len, tgt_len)
     keep = (
       (src_len <= config.data.max_source_len)
       & (tgt_len <= config.data.max_target_len)
       & (longest <= self.buckets[-1])
     )
-    self.example_ids = np.flatnonzero(keep)  # Kept example -> index in the caller's lists.
+    self.example_ids = np.flatnonzero(keep)  # Kept example -> index in `split`.
     self.num_examples = len(self.example_ids)
-    self.num_dropped = len(src_ids) - self.num_examples
+    self.num_dropped = len(split) - self.num_examples
     if self.num_examples == 0:
       raise DataError(
         "no training example fits config.data.max_source_len/max_target_len/bucket_lengths"
       )
-    kept = self.example_ids.tolist()
-    self._src, self._src_off = _flatten([src_ids[i] for i in kept])
-    self._tgt, self._tgt_off = _flatten([tgt_ids[i] for i in kept])
-    self._bucket = np.searchsorted(self.buckets, longest[keep], side="left")
+    self._bucket = np.searchsorted(self.buckets, longest[keep], side="left").astype(np.int32)
     tokens = int(config.data.tokens_per_batch)
-    self.batch_sizes = [
-      _round_batch(tokens // L, batch_multiple, process_count) for L in self.buckets
-    ]
+    self.batch_sizes = [max(1, tokens // L) for L in self.buckets]  # examples per batch
+    self.rows = [padded_rows(b, batch_multiple, process_count) for b in self.batch_sizes]
     self._bucket_count = np.bincount(self._bucket, minlength=len(self.buckets))
     self._batches_per_bucket = [
       math.ceil(n / b) for n, b in zip(self._bucket_count.tolist(), self.batch_sizes, strict=True)
@@ -341,12 +279,20 @@ class TrainBatches:
     self._plans: dict[int, _EpochPlan] = {}
 
   def shapes(self) -> list[tuple[int, int]]:
-    """(global batch size, length) of every batch shape that occurs, shortest first."""
+    """(global rows, length) of every batch shape that occurs, shortest first."""
     return [
-      (b, L)
-      for b, L, n in zip(self.batch_sizes, self.buckets, self._bucket_count.tolist(), strict=True)
+      (r, L)
+      for r, L, n in zip(self.rows, self.buckets, self._bucket_count.tolist(), strict=True)
       if n
     ]
+
+  def real_token_fraction(self) -> float:
+    """Fraction of the batches' positions (both sides, over an epoch) that are not padding."""
+    src = self.split.source_lengths()[self.example_ids].sum()
+    tgt = self.split.target_lengths()[self.example_ids].sum()
+    positions = sum(n * r * L for n, r, L in zip(self._batches_per_bucket, self.rows,
+                                                  self.buckets, strict=True))
+    return float(src + tgt) / (2 * positions)
 
   def _plan(self, epoch: int) -> _EpochPlan:
     plan = self._plans.get(epoch)
@@ -358,17 +304,17 @@ class TrainBatches:
     bucket, start, end = [], [], []
     first = 0
     for k, (n, b) in enumerate(zip(self._bucket_count.tolist(), self.batch_sizes, strict=True)):
-      for s in range(first, first + n, b):
-        bucket.append(k)
-        start.append(s)
-        end.append(min(s + b, first + n))
+      starts = np.arange(first, first + n, b, dtype=np.int64)
+      bucket.append(np.full(len(starts), k, np.int64))
+      start.append(starts)
+      end.append(np.minimum(starts + b, first + n))
       first += n
-    shuffle = rng.permutation(len(bucket))
+    shuffle = rng.permutation(self.steps_per_epoch)
     plan = _EpochPlan(
       order=order,
-      bucket=np.asarray(bucket, np.int64)[shuffle],
-      start=np.asarray(start, np.int64)[shuffle],
-      end=np.asarray(end, np.int64)[shuffle],
+      bucket=np.concatenate(bucket)[shuffle],
+      start=np.concatenate(start)[shuffle],
+      end=np.concatenate(end)[shuffle],
     )
     if len(self._plans) >= 2:  # Training walks epochs in order: keep the current and next.
       self._plans.pop(min(self._plans))
@@ -382,13 +328,13 @@ class TrainBatches:
     epoch, i = divmod(step, self.steps_per_epoch)
     plan = self._plan(epoch)
     k = int(plan.bucket[i])
-    rows = self.batch_sizes[k] // self.process_count
+    rows = self.rows[k] // self.process_count
     lo = int(plan.start[i]) + self.process_index * rows
     hi = min(lo + rows, int(plan.end[i]))
-    return plan.order[lo:hi], rows, self.buckets[k]
+    return plan.order[lo:max(lo, hi)], rows, self.buckets[k]
 
   def indices(self, step: int) -> np.ndarray:
-    """[rows] index (into the constructor's lists) of each of this process's rows; -1 = padding."""
+    """[rows] index (into `split`) of each of this process's rows; -1 = padding."""
     ids, rows, _ = self._rows(step)
     out = np.full(rows, -1, np.int64)
     out[: len(ids)] = self.example_ids[ids]
@@ -398,18 +344,30 @@ class TrainBatches:
     """This process's share of global training batch `step`.
 
     Returns:
-      {'inputs': [B_local, L] int32, 'targets': [B_local, L] int32} with
-      B_local = B_k / process_count and L = bucket_lengths[k] for the batch's bucket k.
+      {'inputs': [R_local, L] int32, 'targets': [R_local, L] int32} with
+      R_local = rows_k / process_count and L = bucket_lengths[k] for the batch's bucket k.
     """
     ids, rows, length = self._rows(step)
-    inputs = np.zeros((rows, length), np.int32)
-    targets = np.zeros((rows, length), np.int32)
-    for r, e in enumerate(ids.tolist()):
-      a, b = self._src_off[e], self._src_off[e + 1]
-      inputs[r, : b - a] = self._src[a:b]
-      a, b = self._tgt_off[e], self._tgt_off[e + 1]
-      targets[r, : b - a] = self._tgt[a:b]
-    return {"inputs": inputs, "targets": targets}
+    examples = self.example_ids[ids]
+    out = {}
+    for key, flat, offsets in (("inputs", self.split.source, self.split.source_offsets),
+                               ("targets", self.split.target, self.split.target_offsets)):
+      out[key] = _gather(flat, offsets, examples, rows, length)
+    return out
+
+
+def _gather(flat: np.ndarray, offsets: np.ndarray, examples: np.ndarray, rows: int,
+            length: int) -> np.ndarray:
+  """[rows, length] int32: example examples[r]'s ids in row r, zero-padded, zero rows after."""
+  starts = np.asarray(offsets[examples], np.int64)
+  lens = np.asarray(offsets[examples + 1], np.int64) - starts
+  out = np.zeros((rows, length), np.int32)
+  if len(examples):
+    # One fancy-index read: positions [start, start + len) of every row, in row order.
+    row = np.repeat(np.arange(len(examples)), lens)
+    col = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
+    out[row, col] = flat[np.repeat(starts, lens) + col]
+  return out
 
 
 def _truncate(ids: np.ndarray | Sequence[int], limit: int) -> np.ndarray:
@@ -445,8 +403,7 @@ def eval_batches(
     a padding row) and L is the smallest bucket length that holds the batch.
   """
   buckets = _buckets(config)
-  size = int(config.data.eval_batch_size)
-  rows = _round_batch(-(-size // batch_multiple) * batch_multiple, batch_multiple, process_count)
+  rows = padded_rows(int(config.data.eval_batch_size), batch_multiple, process_count)
   src_limit = min(int(config.data.max_source_len), buckets[-1])
   tgt_limit = min(int(config.data.max_target_len), buckets[-1])
   src = [_truncate(s, src_limit) for s, _ in pairs_ids]
@@ -478,7 +435,7 @@ class Pipeline:
 
   tokenizer: Tokenizer
   train: TrainBatches
-  eval: dict[str, list[Batch]]  # 'validation' and 'test' batches.
+  eval: dict[str, list[Batch]]  # 'validation' and 'test' batches (this process's rows).
   references: dict[str, list[tuple[str, str]]]  # 'validation' and 'test' (source, target).
 
 
@@ -489,28 +446,27 @@ def build_pipeline(
   batch_multiple: int,
   process_index: int = 0,
   process_count: int = 1,
+  reader: SplitReader | None = None,
 ) -> Pipeline:
-  """`load_splits` -> `get_tokenizer` -> tokenize once -> `TrainBatches` and `eval_batches`."""
-  splits = load_splits(config)
-  tok = get_tokenizer(config, workdir, splits["train"])
-  src, tgt = tokenize_pairs(tok, splits.pop("train"))
-  train = TrainBatches(
-    src,
-    tgt,
-    config,
-    batch_multiple=batch_multiple,
-    process_index=process_index,
-    process_count=process_count,
-  )
-  del src, tgt
-  evals = {}
-  for split in ("validation", "test"):
-    s, t = tokenize_pairs(tok, splits[split])
-    evals[split] = eval_batches(
-      list(zip(s, t, strict=True)),
-      config,
-      batch_multiple,
-      process_index=process_index,
-      process_count=process_count,
-    )
-  return Pipeline(tokenizer=tok, train=train, eval=evals, references=splits)
+  """`open_reader` -> `get_tokenizer` -> cached tokenized training split -> batches.
+
+  Process 0 trains the vocabulary and builds the token cache when they are missing; other
+  processes wait for them. The evaluation splits are small and read into memory.
+  """
+  reader = reader or open_reader(config)
+  builder = process_index == 0
+  tok = get_tokenizer(config, workdir, reader, builder=builder)
+  split = token_cache.load_or_build(reader, "train", tok, token_cache.cache_root(config, workdir),
+                                    builder=builder)
+  train = TrainBatches(split, config, batch_multiple=batch_multiple,
+                       process_index=process_index, process_count=process_count)
+  evals, references = {}, {}
+  for name in ("validation", "test"):
+    references[name] = reader.read_pairs(name)
+    s, t = tokenize_pairs(tok, references[name])
+    evals[name] = eval_batches(list(zip(s, t, strict=True)), config, batch_multiple,
+                               process_index=process_index, process_count=process_count)
+  logging.info("training pairs: %s kept, %s longer than the limits; real tokens %.1f%% of the "
+               "batches", f"{train.num_examples:,}", f"{train.num_dropped:,}",
+               100 * train.real_token_fraction())
+  return Pipeline(tokenizer=tok, train=train, eval=evals, references=references)

@@ -20,6 +20,7 @@ importing this module registers `numbers_translate` with TFDS.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import os
@@ -187,33 +188,45 @@ class NumbersTranslate(tfds.core.GeneratorBasedBuilder):
 
 
 def _expand(data_dir: str | None) -> str:
-  return os.path.expanduser(data_dir or "~/tensorflow_datasets")
+  d = data_dir or "~/tensorflow_datasets"
+  return d if "://" in d else os.path.expanduser(d)
 
 
-def build_numbers(data_dir: str | None, config_name: str = "default") -> None:
+def build_numbers(data_dir: str | None, config_name: str = "default") -> NumbersTranslate:
   """Generates and writes the corpus into `data_dir` (TFDS layout) unless already there.
 
-  Needs no network. `data_dir=None` means `~/tensorflow_datasets`.
+  Needs no network. `data_dir=None` means `~/tensorflow_datasets`. Processes that start
+  together on an empty data dir build it once: the build holds an `flock` on
+  `<data_dir>/numbers_translate.lock`, and whoever gets it second finds the corpus prepared.
+
+  Returns:
+    The builder, prepared.
   """
-  from transformer.data.input_pipeline import import_tensorflow
+  from transformer import storage
+  from transformer.data.tfds_io import import_tensorflow
 
   import_tensorflow()  # Hides GPUs from TensorFlow before TFDS uses it.
-  builder = NumbersTranslate(config=config_name, data_dir=_expand(data_dir))
+  data_dir = _expand(data_dir)
+  builder = NumbersTranslate(config=config_name, data_dir=data_dir)
   if builder.is_prepared():
-    return
-  # Statistics over text features are slow and unused here.
-  download_config = tfds.download.DownloadConfig(
-    compute_stats=tfds.download.ComputeStatsMode.SKIP, try_download_gcs=False
-  )
-  builder.download_and_prepare(download_config=download_config)
+    return builder
+  lock = (contextlib.nullcontext() if storage.is_remote(data_dir)
+          else storage.local_file_lock(os.path.join(data_dir, f"{NAME}.lock")))
+  with lock:
+    builder = NumbersTranslate(config=config_name, data_dir=data_dir)
+    if not builder.is_prepared():
+      # Statistics over text features are slow and unused here.
+      download_config = tfds.download.DownloadConfig(
+        compute_stats=tfds.download.ComputeStatsMode.SKIP, try_download_gcs=False
+      )
+      builder.download_and_prepare(download_config=download_config)
+  return NumbersTranslate(config=config_name, data_dir=data_dir)
 
 
 def load_numbers(
   split: str, data_dir: str | None, config_name: str = "default"
 ) -> list[tuple[str, str]]:
   """Reads one split as (english, german) pairs in file order, building it first if needed."""
-  from transformer.data.input_pipeline import read_split
+  from transformer.data.tfds_io import SplitReader
 
-  build_numbers(data_dir, config_name)
-  builder = NumbersTranslate(config=config_name, data_dir=_expand(data_dir))
-  return read_split(builder, split, "en", "de")
+  return SplitReader(build_numbers(data_dir, config_name), "en", "de").read_pairs(split)

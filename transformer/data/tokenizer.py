@@ -17,6 +17,7 @@ import numpy as np
 import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2 as sp_model
 
+from transformer import storage
 from transformer.data.errors import DataError
 
 PAD_ID = 0
@@ -55,8 +56,9 @@ class Tokenizer:
   ) -> Tokenizer:
     """Trains a vocabulary on `texts` and writes `<model_prefix>.model` (and `.vocab`).
 
-    The files are written into a temporary directory next to the target and then moved into
-    place with `os.replace`, so a crash never leaves a half-written model behind.
+    The files are written into a local temporary directory and then put in place with
+    `storage.write_atomic` (the `.vocab` first, the `.model` last), so a crash never leaves a
+    half-written model behind; `model_prefix` may be remote (`gs://...`).
 
     Args:
       texts: training sentences; the first `input_sentence_size` are used (in order: the
@@ -74,10 +76,9 @@ class Tokenizer:
     Returns:
       The trained tokenizer, loaded from the final file.
     """
-    out_dir = os.path.dirname(os.path.abspath(model_prefix))
-    os.makedirs(out_dir, exist_ok=True)
+    model_prefix = os.fspath(model_prefix)
     spm.SetRandomGeneratorSeed(seed)
-    tmp_dir = tempfile.mkdtemp(prefix=".spm-tmp-", dir=out_dir)
+    tmp_dir = tempfile.mkdtemp(prefix=".spm-tmp-")
     try:
       tmp_prefix = os.path.join(tmp_dir, "spm")
       try:
@@ -116,18 +117,18 @@ class Tokenizer:
       with open(tmp_prefix + ".model", "wb") as f:
         f.write(proto.SerializeToString())
       # Vocab first: the .model file appearing is what marks a finished vocabulary.
-      os.replace(tmp_prefix + ".vocab", model_prefix + ".vocab")
-      os.replace(tmp_prefix + ".model", model_prefix + ".model")
+      for ext in (".vocab", ".model"):
+        with open(tmp_prefix + ext, "rb") as f:
+          storage.write_atomic(model_prefix + ext, f.read())
     finally:
       shutil.rmtree(tmp_dir, ignore_errors=True)
     return cls.load(model_prefix + ".model")
 
   @classmethod
-  def load(cls, path: str) -> Tokenizer:
+  def load(cls, path: str | os.PathLike) -> Tokenizer:
     """Loads a `.model` file; raises `DataError` naming `path` if it is missing or damaged."""
     try:
-      with open(path, "rb") as f:
-        data = f.read()
+      data = storage.as_path(path).read_bytes()
       proto = sp_model.ModelProto()
       proto.ParseFromString(data)
       # A file cut at a field boundary still parses: check that all of it is there (the
@@ -149,7 +150,7 @@ class Tokenizer:
         f"SentencePiece model {path} has pad_id={sp.pad_id()}, eos_id={sp.eos_id()}; "
         f"expected {PAD_ID} and {EOS_ID}"
       )
-    return cls(sp, path)
+    return cls(sp, os.fspath(path))
 
   @property
   def vocab_size(self) -> int:
