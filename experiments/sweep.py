@@ -42,6 +42,7 @@ from typing import Any
 
 from absl import app, flags
 
+from transformer import storage
 from transformer.errors import fail
 
 _F = types.SimpleNamespace()  # the command-line flags, once define_flags() ran
@@ -203,6 +204,16 @@ def workdir_of(root: str, sweep_name: str, point: Point) -> str:
   return os.path.join(root, sweep_name, point.name)
 
 
+def log_path(workdir: str, sweep_name: str, point: Point) -> str:
+  """The point's `sweep.log`: in its workdir, or on local disk when the workdir is remote."""
+  if storage.is_remote(workdir):
+    path = os.path.join(storage.local_cache_root(), "sweep-logs", sweep_name, point.name + ".log")
+  else:
+    path = os.path.join(workdir, "sweep.log")
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  return path
+
+
 def is_finished(workdir: str) -> bool:
   """A point is finished when its metrics.jsonl has test/bleu."""
   from transformer.metrics import read_metrics
@@ -248,16 +259,13 @@ def collect(sweep: Sweep, root: str) -> list[dict[str, Any]]:
   rows = []
   for p in sweep.points:
     workdir = workdir_of(root, sweep.name, p)
-    records = read_metrics(workdir) if os.path.isdir(workdir) else []
+    records = read_metrics(workdir)
     final: dict[str, Any] = {}
     for r in records:
       if "test/bleu" in r:
         final = r
-    info_path = os.path.join(workdir, "sweep_point.json")
-    info = {}
-    if os.path.exists(info_path):
-      with open(info_path) as f:
-        info = json.load(f)
+    info_path = storage.as_path(workdir) / "sweep_point.json"
+    info = json.loads(info_path.read_text()) if info_path.exists() else {}
     params = info.get("params")
     if params is None:
       params = param_count(point_config(sweep, p))
@@ -453,7 +461,7 @@ def run_points(sweep_spec: str, sweep: Sweep, root: str, parallel: int,
         if state != "done":
           failed.append(p.name)
         log(f"[sweep {sweep.name}] {p.name}: {state} in {time.time() - t0:.0f} s; log "
-            f"{os.path.join(workdir, 'sweep.log')}")
+            f"{log_path(workdir, sweep.name, p)}")
         if block:
           return
 
@@ -463,8 +471,7 @@ def run_points(sweep_spec: str, sweep: Sweep, root: str, parallel: int,
         time.sleep(0.5)
         reap(block=False)
       workdir = workdir_of(root, sweep.name, p)
-      os.makedirs(workdir, exist_ok=True)
-      logf = open(os.path.join(workdir, "sweep.log"), "a")  # noqa: SIM115 - closed in reap
+      logf = open(log_path(workdir, sweep.name, p), "a")  # noqa: SIM115 - closed in reap
       log(f"[sweep {sweep.name}] {p.name} ({i + 1}/{len(todo)}): training in {workdir}")
       proc = subprocess.Popen(_child_command(sweep_spec, sweep.name, root, p, sets),
                               stdout=logf, stderr=subprocess.STDOUT)
@@ -489,15 +496,12 @@ def child_main(sweep_spec: str, sweep_name: str, root: str, point_name_: str,
     raise ValueError(f"--child: no point {point_name_!r} in {sweep_spec}")
   config = point_config(sweep, point, sets)
   workdir = workdir_of(root, sweep.name, point)
-  os.makedirs(workdir, exist_ok=True)
-  info_path = os.path.join(workdir, "sweep_point.json")
+  info_path = storage.as_path(workdir) / "sweep_point.json"
   info = {"sweep": sweep_spec, "point": point.name, "overrides": point.overrides, "set": sets,
           "params": param_count(config), "wall_s": 0.0}
-  if os.path.exists(info_path):
-    with open(info_path) as f:
-      info["wall_s"] = json.load(f).get("wall_s", 0.0)  # time of earlier, interrupted tries
-  with open(os.path.join(workdir, "config.json"), "w") as f:
-    f.write(config.to_json(indent=2))
+  if info_path.exists():  # time of earlier, interrupted tries
+    info["wall_s"] = json.loads(info_path.read_text()).get("wall_s", 0.0)
+  storage.write_atomic(storage.as_path(workdir) / "config.json", config.to_json(indent=2))
   from absl import logging
 
   from transformer.train import train_and_evaluate
@@ -506,8 +510,7 @@ def child_main(sweep_spec: str, sweep_name: str, root: str, point_name_: str,
   t0 = time.time()
   result = train_and_evaluate(config, workdir)
   info["wall_s"] += time.time() - t0
-  with open(info_path, "w") as f:
-    json.dump(info, f, indent=2)
+  storage.write_atomic(info_path, json.dumps(info, indent=2))
   if result.get("interrupted"):
     print(f"interrupted by {result['interrupted']} at step {result['step']}", flush=True)
     return 3

@@ -191,3 +191,53 @@ def test_unwritable_workdir_is_refused(tmp_path):
   blocker.write_text("x")
   proc = run_main(*TINY, f"--workdir={blocker}/w")
   assert proc.returncode == 2 and "workdir" in one_error_line(proc.stderr)
+
+
+def test_workdir_that_cannot_be_created_is_one_line(tmp_path):
+  proc = run_main(*TINY, "--workdir=/proc/x")
+  assert proc.returncode == 2
+  line = one_error_line(proc.stderr)
+  assert "--workdir=/proc/x" in line
+
+
+def start_main(*args):
+  env = dict(os.environ, XLA_FLAGS=FAST_COMPILE)
+  return subprocess.Popen([sys.executable, "-m", "transformer.main", *args], cwd=REPO, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_second_run_on_a_live_workdir_is_refused_naming_the_owner(tmp_path):
+  workdir = tmp_path / "w"
+  first = start_main(*TINY, f"--workdir={workdir}", "--config.num_train_steps=100000",
+                     "--config.checkpoint_every_steps=100000")
+  try:
+    deadline = time.time() + 300
+    while not (workdir / ".lock").exists():
+      assert first.poll() is None and time.time() < deadline, first.communicate()[1][-3000:]
+      time.sleep(0.2)
+    second = run_main(*TINY, f"--workdir={workdir}")
+    assert second.returncode == 2, second.stderr[-3000:]
+    line = one_error_line(second.stderr)
+    assert f"pid {first.pid}" in line and "workdir in use" in line
+    assert first.poll() is None  # the first run goes on
+  finally:
+    first.kill()  # like kill -9: its lock stays behind
+    first.communicate()
+  assert (workdir / ".lock").exists()
+  again = run_main(*TINY, f"--workdir={workdir}")  # a dead owner's lock is taken over
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert "taking over the lock" in again.stderr
+
+
+def test_concurrent_starts_on_an_empty_data_dir_build_everything_once(tmp_path):
+  """Two runs started at the same moment: one corpus build, one shared token cache."""
+  data_dir, cache = tmp_path / "tfds", tmp_path / "cache"
+  procs = [start_main(*TINY, f"--workdir={tmp_path / f'w{i}'}", f"--config.data_dir={data_dir}",
+                      f"--config.data.cache_dir={cache}", "--config.num_train_steps=2")
+           for i in range(2)]
+  outputs = [p.communicate(timeout=600) for p in procs]
+  for p, (_, err) in zip(procs, outputs, strict=True):
+    assert p.returncode == 0, err[-3000:]
+  assert os.listdir(data_dir / "numbers_translate" / "tiny") == ["1.1.0"]
+  builds = [d for d in os.listdir(cache) if not d.endswith(".lock")]
+  assert len(builds) == 1 and builds[0].startswith("train-"), os.listdir(cache)

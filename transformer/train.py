@@ -260,9 +260,13 @@ def _train_and_evaluate(config: Any, workdir: str, model_config: TransformerConf
   ahead = None
   try:
     restored = checkpointer.restore_latest(trainer.abstract_state, check_meta(meta))
-    state = trainer.init_state(config.seed) if restored is None else restored[0]
+    if restored is None:
+      state = trainer.init_state(config.seed)
+      logging.info("Starting from scratch in %s", workdir)
+    else:
+      state = restored[0]
+      logging.info("Resumed from the checkpoint of step %d in %s", restored[1], workdir)
     step = int(jax.device_get(state.step))
-    logging.info("%s in %s", f"Resumed at step {step}" if step else "Starting", workdir)
     writer = MetricWriter(workdir)
     writer.truncate_after(step)
     translator = Translator(model_config, config.decode, mesh, trainer.state_shardings.params,

@@ -108,12 +108,12 @@ class Tokenizer:
           f"most {found.group(1)}",
           int(found.group(1)),
         ) from None
-      # The model records its (random) temporary prefix: store the final one instead, so that
-      # equal inputs give byte-identical files.
+      # The model records its (random) temporary prefix: store only the final name instead, so
+      # that equal inputs give byte-identical files in any directory (and share a token cache).
       proto = sp_model.ModelProto()
       with open(tmp_prefix + ".model", "rb") as f:
         proto.ParseFromString(f.read())
-      proto.trainer_spec.model_prefix = model_prefix
+      proto.trainer_spec.model_prefix = os.path.basename(model_prefix)
       with open(tmp_prefix + ".model", "wb") as f:
         f.write(proto.SerializeToString())
       # Vocab first: the .model file appearing is what marks a finished vocabulary.

@@ -1,0 +1,257 @@
+"""The data path at full size: a first start and a restart, stage by stage, time and memory.
+
+    python -m experiments.synthetic_wmt --data_dir=/tmp/synth_wmt        # once: 4.5M pairs
+    python -m experiments.pipeline_benchmark --config=configs/wmt.py \\
+        --config.data_dir=/tmp/synth_wmt --workdir=/tmp/pipeline_bench
+
+Runs the start-up of `train_and_evaluate` twice, each in a fresh process: a first start on an
+empty workdir (vocabulary training, tokenizing into the token cache) and a restart on the same
+workdir (vocabulary and cache present). Each start goes through the library's own stages:
+
+  open          `input_pipeline.open_reader` (data check; builds the numbers corpus if absent)
+  vocabulary    `get_tokenizer` (the sample streamed by index, SentencePiece training)
+  token cache   `token_cache.load_or_build` (stream, tokenize, write; or memory-map)
+  batch plan    `TrainBatches` and the first epoch's plan, the evaluation splits
+  first step    the sharded init, compile and one training step of the model
+
+and reports the wall time and the peak resident memory (RSS, sampled every 50 ms) of each, then
+the host's batch rate (batches built ahead by the training loop's thread: gather, pad, transfer)
+against the rate an accelerator would consume, and the fraction of real tokens in the batches.
+The model is tiny by default (`--tiny_model`), so that the data path dominates.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from experiments import sweep as report
+from transformer.errors import fail
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/wmt.py.",
+                                          lock_config=False)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Workdir of the benchmark (emptied first).")
+_TINY = flags.DEFINE_bool("tiny_model", True, "Replace the model by 1 + 1 layers of width 32.")
+_BATCHES = flags.DEFINE_integer("batches", 300, "Batches timed for the host's batch rate.")
+_OUT = flags.DEFINE_string("out", os.path.join("experiments", "results", "pipeline"),
+                           "Report path without extension (.md and .json).")
+_CHILD = flags.DEFINE_string("child", None, "Internal: run one start, write its JSON here.")
+
+# Peak dense bfloat16 throughput, for the rate an accelerator consumes: Colab's TPU v2-8
+# (8 cores x 22.5 TFLOP/s, Google Cloud TPU v2 documentation) and an H100 SXM (989 TFLOP/s
+# dense, NVIDIA H100 datasheet). MFU 0.4 is a typical well-tuned Transformer step.
+ACCELERATORS = {"TPU v2-8 (Colab)": 180e12, "H100 SXM": 989e12}
+MFU = 0.4
+
+
+class PeakRSS:
+  """Samples this process's resident memory in a thread; `take()` returns the peak since the
+  last `take()` (in bytes)."""
+
+  def __init__(self, interval: float = 0.05):
+    import psutil
+
+    self._proc = psutil.Process()
+    self._peak = self._proc.memory_info().rss
+    self._lock = threading.Lock()
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._run, args=(interval,), daemon=True)
+    self._thread.start()
+
+  def _run(self, interval: float) -> None:
+    while not self._stop.wait(interval):
+      rss = self._proc.memory_info().rss
+      with self._lock:
+        self._peak = max(self._peak, rss)
+
+  def take(self) -> int:
+    rss = self._proc.memory_info().rss
+    with self._lock:
+      peak, self._peak = max(self._peak, rss), rss
+    return peak
+
+  def close(self) -> None:
+    self._stop.set()
+    self._thread.join()
+
+
+def one_start(config: Any, workdir: str, batches: int) -> dict[str, Any]:
+  """The start-up stages of a training run in this process; times, peaks and rates."""
+  import jax
+  import numpy as np
+
+  from transformer import sharding as sharding_lib
+  from transformer import storage
+  from transformer.data import input_pipeline, token_cache
+  from transformer.prefetch import Prefetcher
+  from transformer.train import Trainer
+  from transformer.validate import validate
+
+  rss = PeakRSS()
+  stages: list[dict[str, Any]] = []
+  t = time.time()
+
+  def stage(name: str) -> None:
+    nonlocal t
+    now = time.time()
+    stages.append({"stage": name, "seconds": now - t, "peak_rss_bytes": rss.take()})
+    t = now
+
+  start = time.time()
+  model_config = validate(config, jax.device_count())
+  reader = input_pipeline.open_reader(config)
+  storage.check_writable(workdir)
+  stage("open")
+  tok = input_pipeline.get_tokenizer(config, workdir, reader)
+  stage("vocabulary")
+  split = token_cache.load_or_build(reader, "train", tok, token_cache.cache_root(config, workdir))
+  stage("token cache")
+  mesh = sharding_lib.make_mesh(config.mesh)
+  train = input_pipeline.TrainBatches(split, config,
+                                      batch_multiple=sharding_lib.data_parallel_size(mesh))
+  train.batch(0)  # draws the first epoch's plan
+  for name in ("validation", "test"):
+    s, g = input_pipeline.tokenize_pairs(tok, reader.read_pairs(name))
+    input_pipeline.eval_batches(list(zip(s, g, strict=True)), config, 1)
+  stage("batch plan")
+  trainer = Trainer(config, mesh, model_config)
+  state = trainer.init_state(config.seed)
+  batch = sharding_lib.local_batch_to_global(train.batch(0), mesh)
+  state, metrics = trainer.train_step(state, batch, jax.random.key(0))
+  jax.block_until_ready(metrics)
+  stage("first step")
+  to_first_step = time.time() - start
+
+  # The host's batch rate: the training loop's own prefetch thread, consumer waiting only.
+  ahead = Prefetcher(lambda i: sharding_lib.local_batch_to_global(train.batch(i), mesh),
+                     1, 1 + batches)
+  t0 = time.time()
+  positions = 0
+  for _ in range(batches):
+    b = ahead.next()
+    positions += int(np.prod(b["inputs"].shape))
+  rate = batches / (time.time() - t0)
+  ahead.close()
+  stage("batches")
+  rss.close()
+  return {
+    "stages": stages, "to_first_step_seconds": to_first_step,
+    "batches_per_second": rate, "mean_batch_positions": positions / batches,
+    "real_token_fraction": train.real_token_fraction(),
+    "train_examples": len(split), "kept_examples": train.num_examples,
+    "steps_per_epoch": train.steps_per_epoch,
+  }
+
+
+def accelerator_batches_per_second(config: Any) -> dict[str, float]:
+  """Batches per second an accelerator consumes at MFU 0.4 for the config's real model."""
+  import jax
+  import jax.numpy as jnp
+
+  from transformer.models import build_model
+  from transformer.validate import model_config
+
+  mc = model_config(config)
+  dummy = jnp.ones((1, 8), jnp.int32)
+  shapes = jax.eval_shape(lambda: build_model(mc).init(jax.random.key(0), dummy, dummy))
+  params = sum(x.size for x in jax.tree.leaves(shapes))
+  tokens = 2 * int(config.data.tokens_per_batch)  # source + target positions
+  flops = 6 * params * tokens  # forward + backward, matmuls (Kaplan et al. 2020, sec. 2.1)
+  return {name: peak * MFU / flops for name, peak in ACCELERATORS.items()}
+
+
+def _child(config: Any) -> None:
+  if _TINY.value:
+    config.model.update(num_layers=1, d_model=32, d_ff=64, num_heads=4)
+  result = one_start(config, _WORKDIR.value, _BATCHES.value)
+  with open(_CHILD.value, "w") as f:
+    json.dump(result, f)
+
+
+def _run_start(label: str, argv: list[str], timeout: float) -> dict[str, Any]:
+  path = os.path.join(_WORKDIR.value + "-reports", f"{label}.json")
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  cmd = [sys.executable, "-m", "experiments.pipeline_benchmark", *argv, f"--child={path}"]
+  t0 = time.time()
+  proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+  if proc.returncode != 0:
+    fail(f"the {label} failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}")
+  with open(path) as f:
+    result = json.load(f)
+  result["process_seconds"] = time.time() - t0
+  return result
+
+
+def write_report(config: Any, runs: dict[str, dict[str, Any]], need: dict[str, float],
+                 command: str, hw: dict[str, Any]) -> None:
+  gib = 2.0**30
+  rows = []
+  for label, run in runs.items():
+    for s in run["stages"]:
+      rows.append([label, s["stage"], f"{s['seconds']:.1f}", f"{s['peak_rss_bytes'] / gib:.2f}"])
+    peak = max(s["peak_rss_bytes"] for s in run["stages"])
+    rows.append([label, "**to the first step**", f"**{run['to_first_step_seconds']:.1f}**",
+                 f"**{peak / gib:.2f}**"])
+    rows.append([label, "whole process (with imports)", f"{run['process_seconds']:.1f}", ""])
+  restart = runs["restart"]
+  text = [
+    "# The data path at full size: first start and restart\n",
+    f"Command: `{command}`\n",
+    report.hardware_markdown(hw),
+    f"Dataset `{config.dataset}` ({restart['train_examples']:,} training pairs, "
+    f"{restart['kept_examples']:,} within the length limits), vocabulary "
+    f"{config.data.vocab_size}, {config.data.tokens_per_batch} tokens per batch and side, "
+    f"buckets {list(config.data.bucket_lengths)}; model "
+    f"{'tiny (1 + 1 layers, d_model 32)' if _TINY.value else 'as configured'}.\n",
+    report.markdown_table(["start", "stage", "seconds", "peak RSS (GiB)"], rows),
+    "",
+    f"- Host batch rate (the training loop's prefetch thread: gather from the memory-mapped "
+    f"cache, pad, transfer): **{restart['batches_per_second']:.1f} batches/s** "
+    f"({restart['mean_batch_positions']:,.0f} positions per side per batch).",
+    "- An accelerator at MFU 0.4 on the configured model (6 x parameters x tokens FLOPs per "
+    "step) consumes: " + ", ".join(f"{k} {v:.1f} batches/s" for k, v in need.items()) +
+    "; the host covers " + ", ".join(f"{restart['batches_per_second'] / v:.1f}x of {k}"
+                                     for k, v in need.items()) + ".",
+    f"- Real (non-padding) tokens: **{restart['real_token_fraction']:.3f}** of the batches' "
+    "positions over an epoch, both sides (the padding of partly filled rows and the all-zero "
+    "rows that round a batch up to the devices both count as padding).",
+    "",
+  ]
+  with open(_OUT.value + ".md", "w") as f:
+    f.write("\n".join(text))
+  with open(_OUT.value + ".json", "w") as f:
+    json.dump({"command": command, "hardware": hw, "runs": runs, "need": need}, f, indent=1)
+
+
+def main(argv: list[str]) -> None:
+  del argv
+  config = _CONFIG.value
+  if config is None or _WORKDIR.value is None:
+    fail("--config and --workdir are required, e.g. --config=configs/wmt.py "
+         "--config.data_dir=/tmp/synth_wmt --workdir=/tmp/pipeline_bench")
+  if _CHILD.value:
+    _child(config)
+    return
+  passthrough = [a for a in sys.argv[1:] if not a.startswith("--child")]
+  for path in (_WORKDIR.value, _WORKDIR.value + "-reports"):
+    shutil.rmtree(path, ignore_errors=True)
+  runs = {}
+  for label in ("first start", "restart"):
+    runs[label] = _run_start(label.replace(" ", "_"), passthrough, timeout=6 * 3600)
+    print(f"{label}: {runs[label]['to_first_step_seconds']:.1f} s to the first step", flush=True)
+  need = accelerator_batches_per_second(config)
+  write_report(config, runs, need, report.command_line(), report.hardware())
+  print(f"wrote {_OUT.value}.md", flush=True)
+
+
+if __name__ == "__main__":
+  app.run(main)
