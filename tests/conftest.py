@@ -1,6 +1,9 @@
 """Test setup: 8 simulated CPU devices, set before jax is imported anywhere."""
 
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ["XLA_FLAGS"] = (
   os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
@@ -8,7 +11,33 @@ os.environ["XLA_FLAGS"] = (
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # TensorFlow is used for tf.data only; keep its logging quiet in test output.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Every test (and every process it starts) builds its corpora and local caches in a directory
+# of this session, never in the user's ~/tensorflow_datasets or ~/.cache: the suite passes the
+# same on a fresh machine and on one where earlier runs left data behind.
+_SESSION_DIR = tempfile.mkdtemp(prefix="transformer-tests-")
+atexit.register(shutil.rmtree, _SESSION_DIR, ignore_errors=True)
+os.environ["TFDS_DATA_DIR"] = os.path.join(_SESSION_DIR, "tensorflow_datasets")
+os.environ["TRANSFORMER_CACHE"] = os.path.join(_SESSION_DIR, "cache")
 
 import jax  # noqa: E402
 
 jax.config.update("jax_enable_x64", False)
+
+
+# Offline GCS (tests/gcs_emulator.py): an in-memory emulator for one test module, with
+# os.environ pointing etils.epath, gcsfs, Orbax/tensorstore and google-cloud-storage at it.
+import pytest  # noqa: E402
+
+from tests.gcs_emulator import apply_env, gcs_emulator, restore_env  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def gcs():
+  """A `GcsEmulator` (bucket, url, env, path()); its env is also set in os.environ, and the
+  in-process caches that read it are reset, until the module's tests are done."""
+  with gcs_emulator() as emulator:
+    saved = apply_env(emulator.env)
+    try:
+      yield emulator
+    finally:
+      restore_env(saved)

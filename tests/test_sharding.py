@@ -155,7 +155,9 @@ def test_batch_plan_and_losses_do_not_depend_on_the_mesh(tiny_train_split):
   assert plan1.shapes() == [(9, 32), (4, 64)]  # no device multiple on one device
   for mesh in [(8, 1, 1), (1, 8, 1), (2, 2, 2)]:
     result, plan8 = plan_losses(mesh, 8, tiny_train_split)
-    assert plan8.shapes() == [(16, 32), (8, 64)]  # padded with zero rows, none dropped
+    dp = mesh[0] * mesh[1]
+    # Padded up to the data-parallel size with zero rows, none dropped.
+    assert plan8.shapes() == [(-(-9 // dp) * dp, 32), (-(-4 // dp) * dp, 64)]
     np.testing.assert_allclose(result, single, rtol=1e-4, err_msg=str(mesh))
 
 

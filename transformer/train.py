@@ -239,12 +239,13 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
   if config.data.get("cache_dir"):
     storage.check_writable(config.data.cache_dir, "--config.data.cache_dir")
   lock = storage.WorkdirLock(workdir) if jax.process_index() == 0 else contextlib.nullcontext()
-  with lock:
-    return _train_and_evaluate(config, workdir, model_config, reader)
+  # From here on SIGTERM / SIGINT (a preemption) stop the run at the next step, with a save.
+  with lock, _StopSignal() as stop:
+    return _train_and_evaluate(config, workdir, model_config, reader, stop)
 
 
 def _train_and_evaluate(config: Any, workdir: str, model_config: TransformerConfig,
-                        reader: Any) -> dict[str, Any]:
+                        reader: Any, stop: _StopSignal) -> dict[str, Any]:
   mesh = sharding_lib.make_mesh(config.mesh)
   data = input_pipeline.build_pipeline(
     config, workdir, batch_multiple=sharding_lib.data_parallel_size(mesh), reader=reader,
@@ -287,47 +288,46 @@ def _train_and_evaluate(config: Any, workdir: str, model_config: TransformerConf
     rng = jax.random.key(config.seed)
     meter = Meter(step)
     pending = None  # metrics of the last step, fetched one step late to keep the device busy
-    with _StopSignal() as stop:
-      while step < config.num_train_steps:
-        t0 = time.time()
-        batch = ahead.next()
-        meter.host_time += time.time() - t0
-        state, metrics = trainer.train_step(state, batch, rng)
-        step += 1
-        if pending is not None:
-          meter.add(pending)
-        pending = metrics
-        if every(step, config.log_every_steps, step + 1) or step == config.num_train_steps:
-          meter.add(pending)
-          pending = None
-          record = meter.record(step, trainer.learning_rate(step - 1))
-          writer.write(step, record)
-          eta = (config.num_train_steps - step) / max(record["train/steps_per_s"], 1e-9)
-          logging.info(
-            "step %d/%d  loss %.4f  acc %.3f  lr %.2e  %.0f tokens/s  host %.1f%%  ETA %s",
-            step, config.num_train_steps, record["train/loss"], record["train/accuracy"],
-            record["train/learning_rate"], record["train/tokens_per_s"],
-            100 * record["train/host_fraction"], _duration(eta))
-          check_nonfinite(config, state)
-          meter.reset(step)
-        if every(step, config.eval_every_steps, config.num_train_steps):
-          record = evaluate(trainer, state.params, data.eval["validation"], "eval")
-          writer.write(step, record)
-          logging.info("eval at step %d: %s", step, _fmt(record))
-        if every(step, config.bleu_every_steps, config.num_train_steps):
-          res, _ = bleu_on(translator, state.params, data.tokenizer, bleu_pairs,
-                           os.path.join(workdir, "translations", f"validation_{step}.txt"))
-          writer.write(step, {"eval/bleu": res.score})
-          logging.info("validation BLEU at step %d: %.2f", step, res.score)
-        if every(step, config.checkpoint_every_steps, config.num_train_steps):
-          save(step, state)
-        if stop.received is not None:
-          save(step, state)
-          checkpointer.wait()
-          name = signal.Signals(stop.received).name
-          logging.warning("%s received: saved the checkpoint of step %d in %s; rerun the same "
-                          "command to continue", name, step, checkpointer.directory)
-          return {"interrupted": name, "step": step}
+    while step < config.num_train_steps:
+      t0 = time.time()
+      batch = ahead.next()
+      meter.host_time += time.time() - t0
+      state, metrics = trainer.train_step(state, batch, rng)
+      step += 1
+      if pending is not None:
+        meter.add(pending)
+      pending = metrics
+      if step % config.log_every_steps == 0 or step == config.num_train_steps:
+        meter.add(pending)
+        pending = None
+        record = meter.record(step, trainer.learning_rate(step - 1))
+        writer.write(step, record)
+        eta = (config.num_train_steps - step) / max(record["train/steps_per_s"], 1e-9)
+        logging.info(
+          "step %d/%d  loss %.4f  acc %.3f  lr %.2e  %.0f tokens/s  host %.1f%%  ETA %s",
+          step, config.num_train_steps, record["train/loss"], record["train/accuracy"],
+          record["train/learning_rate"], record["train/tokens_per_s"],
+          100 * record["train/host_fraction"], _duration(eta))
+        check_nonfinite(config, state)
+        meter.reset(step)
+      if every(step, config.eval_every_steps, config.num_train_steps):
+        record = evaluate(trainer, state.params, data.eval["validation"], "eval")
+        writer.write(step, record)
+        logging.info("eval at step %d: %s", step, _fmt(record))
+      if every(step, config.bleu_every_steps, config.num_train_steps):
+        res, _ = bleu_on(translator, state.params, data.tokenizer, bleu_pairs,
+                         os.path.join(workdir, "translations", f"validation_{step}.txt"))
+        writer.write(step, {"eval/bleu": res.score})
+        logging.info("validation BLEU at step %d: %.2f", step, res.score)
+      if every(step, config.checkpoint_every_steps, config.num_train_steps):
+        save(step, state)
+      if stop.received is not None:
+        save(step, state)
+        checkpointer.wait()
+        name = signal.Signals(stop.received).name
+        logging.warning("%s received: saved the checkpoint of step %d in %s; rerun the same "
+                        "command to continue", name, step, checkpointer.directory)
+        return {"interrupted": name, "step": step}
     ahead.close()
     save(step, state)
     checkpointer.wait()

@@ -14,7 +14,7 @@ and `tfds.builder("wmt14_translate/de-en", data_dir=DIR)` reads it as usual (fea
 class, module, name, version, features and info stay TFDS's), so nothing is downloaded. What
 tells the data apart: the text is nonsense, and `dataset_info.json` has no `downloadSize`.
 
-Text. A lexicon of `VOCAB_SIZE` English word types: ~50 real English function words at the
+Text. A lexicon of `VOCAB_SIZE` English word types: 58 real English function words at the
 top ranks, then words built from syllables (so shared subword units exist), about 6% of them
 capitalised names and 1% numbers. Tokens are drawn with Zipf-Mandelbrot frequencies
 p(rank) ~ (rank + ZIPF_SHIFT) ** -ZIPF_EXPONENT. The German side is a deterministic function
@@ -40,18 +40,19 @@ are TFDS's (4,508,785 train; 3,000 validation = newstest2013; 3,003 test = newst
 
 Everything is a pure function of the seed. Generation is vectorised with NumPy in chunks of
 `CHUNK_SIZE` sentences (each chunk has its own random stream, so the first n pairs of a split
-do not depend on the split's size); the TFDS writer (encoding, hashing, shuffling ~25k
+do not depend on the split's size); the TFDS writer (encoding, hashing, shuffling ~30k
 examples/s) is the slow part of a build, and a second process generates chunks meanwhile.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import functools
 import itertools
-import multiprocessing
 import os
+import pickle
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from typing import Any
@@ -111,18 +112,18 @@ _FUNCTION_WORDS = tuple(
 _GERMAN_PARTICLES = ("sich", "noch", "doch", "ja", "schon", "dann", "es", "zu", "ganz", "eben")
 
 # Syllable parts ("" repeated where an empty onset or coda should be commoner).
-_EN_ONSETS = ("", "") + tuple(
+_EN_ONSETS = ("",) + tuple(
   "b c d f g h j k l m n p r s t v w y z br cr dr fr gr pr tr bl cl fl gl pl sl sh ch th wh st sp"
   " sc sk sm sn sw str spr qu".split()
 )
 _EN_NUCLEI = tuple("a e i o u ea ee oo ou ai ay ie y io oa".split())
 _EN_CODAS = ("", "", "") + tuple("n r s t l m nd nt st ng ck rt ll ss th sh rd ct x ve re".split())
 _EN_SUFFIXES = tuple("ing ed s tion ly er ment ness al ity ive es".split())
-_DE_ONSETS = ("", "") + tuple(
+_DE_ONSETS = ("",) + tuple(
   "b d f g h j k l m n p r s t w z br dr fr gr kr pr tr bl fl gl kl pl sch schw schl schm st sp"
   " str spr pf zw kn ch".split()
 )
-_DE_NUCLEI = tuple("a e i o u a e i e ei au eu ie ä ö ü äu aa".split())
+_DE_NUCLEI = tuple("a e i o u a e i o u a e i e ei au eu ie ei e ä ö ü äu".split())
 _DE_CODAS = ("", "") + tuple("n r s t l m ch cht ng nk ß tz ck rn ln st ft nd rt lt hl hr".split())
 _DE_SUFFIXES = tuple("en er ung heit keit lich ig isch chen e t en ern schaft".split())
 
@@ -136,21 +137,44 @@ class _Pieces:
   len: np.ndarray  # int64
 
   @classmethod
-  def of(cls, strings: list[str]) -> _Pieces:
+  def of(cls, strings: list[str] | tuple[str, ...]) -> _Pieces:
     encoded = [s.encode("utf-8") for s in strings]
     lens = np.fromiter(map(len, encoded), np.int64, len(encoded))
     return cls(np.frombuffer(b"".join(encoded), np.uint8), np.cumsum(lens) - lens, lens)
+
+  @classmethod
+  def concat(cls, *parts: _Pieces) -> _Pieces:
+    shift = np.cumsum([0] + [len(p.buf) for p in parts[:-1]])
+    return cls(
+      np.concatenate([p.buf for p in parts]),
+      np.concatenate([p.off + k for p, k in zip(parts, shift, strict=True)]),
+      np.concatenate([p.len for p in parts]),
+    )
+
+  def capitalised(self, mask: np.ndarray | None = None) -> _Pieces:
+    """The same pieces with a capital first letter (where `mask`): a-z and ä, ö, ü only."""
+    buf = self.buf.copy()
+    first = self.off[self.len > 0] if mask is None else self.off[mask & (self.len > 0)]
+    lower = (buf[first] >= ord("a")) & (buf[first] <= ord("z"))
+    buf[first[lower]] -= 32
+    umlaut = first[buf[first] == 0xC3] + 1  # second bytes of U+00C0..U+00FF
+    buf[umlaut[np.isin(buf[umlaut], (0xA4, 0xB6, 0xBC))]] -= 32  # ä ö ü -> Ä Ö Ü
+    return _Pieces(buf, self.off, self.len)
+
+  def join(self, ids: np.ndarray) -> str:
+    """The concatenation of pieces `ids`."""
+    lens = self.len[ids]
+    out_start = np.cumsum(lens) - lens
+    idx = np.repeat(self.off[ids] - out_start, lens)
+    idx += np.arange(len(idx))
+    return self.buf[idx].tobytes().decode("utf-8")
 
   def render(self, words: np.ndarray, suffixes: np.ndarray, suffix0: int) -> list[str]:
     """Joins piece `words[i]` then piece `suffix0 + suffixes[i]` for all i; splits at '\\n'."""
     ids = np.empty(2 * len(words), np.int64)
     ids[0::2] = words
     ids[1::2] = suffixes + suffix0
-    lens = self.len[ids]
-    out_start = np.cumsum(lens) - lens
-    idx = np.repeat(self.off[ids] - out_start, lens)
-    idx += np.arange(len(idx))
-    return self.buf[idx].tobytes().decode("utf-8").split("\n")[:-1]
+    return self.join(ids).split("\n")[:-1]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,10 +193,6 @@ class _Lexicon:
   num_de: int
 
 
-def _capital(word: str) -> str:
-  return word[:1].upper() + word[1:]
-
-
 def _syllable_words(
   rng: np.random.Generator,
   ranks: np.ndarray,
@@ -185,22 +205,27 @@ def _syllable_words(
   """Distinct new words (not in `taken`, which grows) for `ranks`; rarer ranks get longer ones."""
   onsets, nuclei, codas = parts
   count = len(ranks)
-  syllables = np.array([o + n + c for o in onsets for n in nuclei for c in codas], dtype=object)
-  syllables = syllables[rng.permutation(len(syllables))]
-  syl_p = 1.0 / np.arange(1, len(syllables) + 1) ** 0.9  # some syllables are much commoner
+  syllables = [o + n + c for o in onsets for n in nuclei for c in codas]
+  # Zipfian syllable frequencies, the short syllables mostly at the top.
+  size = np.array([len(x.encode("utf-8")) for x in syllables])  # umlauts count as longer
+  order = np.argsort(size + 3.0 * rng.random(len(syllables)))
+  table = _Pieces.of([syllables[i] for i in order] + list(suffixes) + ["", "\n"])
+  ns, empty = len(syllables), len(syllables) + len(suffixes)
+  syl_p = 1.0 / np.arange(1, ns + 1) ** 0.9
   syl_cdf = np.cumsum(syl_p) / syl_p.sum()
   words: list[str] = []
   while len(words) < count:
     r = ranks[len(words) :]
     r = np.concatenate([r, np.full(len(r) // 8 + 16, r[-1])])  # spares for duplicates
-    p_more = np.clip(0.05 + extra_syllable + 0.07 * np.log10(r + 1.0), 0.0, 0.9)
+    p_more = np.clip(extra_syllable + 0.06 * np.log10(r + 1.0), 0.0, 0.9)
     n_syl = 1 + rng.binomial(4, p_more)
-    syl = np.minimum(
-      np.searchsorted(syl_cdf, rng.random((len(r), 5)), side="right"), len(syllables) - 1
-    )
-    suf = np.where(rng.random(len(r)) < p_suffix, rng.integers(0, len(suffixes), len(r)), -1)
-    for row, n, s in zip(syllables[syl].tolist(), n_syl.tolist(), suf.tolist(), strict=True):
-      w = "".join(row[:n]) + (suffixes[s] if s >= 0 else "")
+    ids = np.full((len(r), 7), empty)
+    syl = np.minimum(np.searchsorted(syl_cdf, rng.random((len(r), 5)), side="right"), ns - 1)
+    ids[:, :5] = np.where(np.arange(5) < n_syl[:, None], syl, empty)
+    suf = rng.integers(0, len(suffixes), len(r))
+    ids[:, 5] = np.where(rng.random(len(r)) < p_suffix, ns + suf, empty)
+    ids[:, 6] = empty + 1  # "\n"
+    for w in table.join(ids.ravel()).split("\n")[:-1]:
       if w not in taken:
         taken.add(w)
         words.append(w)
@@ -210,8 +235,9 @@ def _syllable_words(
 
 
 def _number_words(rng: np.random.Generator, count: int) -> list[str]:
-  """`count` distinct number strings: years, integers, decimals, percentages."""
-  pool = [str(i) for i in range(10_000)] + [f"{i},{j:03d}" for i in range(1, 1000) for j in (0, 500)]
+  """`count` distinct number strings: integers (and years), decimals, percentages."""
+  pool = [str(i) for i in range(10_000)]
+  pool += [f"{i},{j:03d}" for i in range(1, 1000) for j in (0, 500)]
   pool += [f"{i}.{j}" for i in range(100) for j in range(1, 10)]
   pool += [f"{i}%" for i in range(1, 100)] + [f"{i}.{j}%" for i in range(1, 20) for j in range(10)]
   pool = list(dict.fromkeys(pool))
@@ -227,67 +253,51 @@ def _german_number(s: str) -> str:
 def _lexicon(seed: int) -> _Lexicon:
   rng = np.random.default_rng([seed, 0])
   nf = len(_FUNCTION_WORDS)
-  num_content = VOCAB_SIZE - nf
   ranks = np.arange(nf, VOCAB_SIZE)
   kind = np.searchsorted(
-    np.cumsum([_P_NAME, _P_NUMBER, _P_NOUN]), rng.random(num_content), side="right"
-  )  # 0 name, 1 number, 2 noun, 3 other
-  taken = {w for w, _ in _FUNCTION_WORDS}
+    np.cumsum([_P_NAME, _P_NUMBER, _P_NOUN]), rng.random(len(ranks)), side="right"
+  )  # of each content rank: 0 name, 1 number, 2 noun, 3 other
+  name, number = kind == 0, kind == 1
   en_parts = (_EN_ONSETS, _EN_NUCLEI, _EN_CODAS)
-  en_words = _syllable_words(rng, ranks, en_parts, _EN_SUFFIXES, 0.3, 0.0, taken)
-  numbers = iter(_number_words(rng, int((kind == 1).sum())))
-  de_taken = {w for _, ws in _FUNCTION_WORDS for w in ws} | set(_GERMAN_PARTICLES)
-  synonym = (rng.random(num_content) < _P_SYNONYM) & (kind >= 2)
-  de_ranks = np.repeat(ranks[kind >= 2], 1 + synonym[kind >= 2])
+  taken = {w for w, _ in _FUNCTION_WORDS}
+  en = np.array(_syllable_words(rng, ranks, en_parts, _EN_SUFFIXES, 0.3, 0.0, taken), object)
+  en[name] = [w[:1].upper() + w[1:] for w in en[name]]
+  en[number] = _number_words(rng, int(number.sum()))
+
+  # German entries of each content rank: one (a name or number is copied), or two (synonyms).
+  count = 1 + ((rng.random(len(ranks)) < _P_SYNONYM) & (kind >= 2))
+  owner = np.repeat(np.arange(len(ranks)), count)
+  start = np.cumsum(count) - count
+  de = np.empty(len(owner), object)
   de_parts = (_DE_ONSETS, _DE_NUCLEI, _DE_CODAS)
-  de_words = iter(_syllable_words(rng, de_ranks, de_parts, _DE_SUFFIXES, 0.45, 0.05, de_taken))
+  taken = {w for _, ws in _FUNCTION_WORDS for w in ws} | set(_GERMAN_PARTICLES)
+  de[kind[owner] >= 2] = _syllable_words(
+    rng, ranks[owner[kind[owner] >= 2]], de_parts, _DE_SUFFIXES, 0.45, 0.05, taken
+  )
+  de[start[name]] = en[name]
+  de[start[number]] = [_german_number(w) for w in en[number]]
 
-  en_natural = [w for w, _ in _FUNCTION_WORDS]
-  de_natural: list[str] = []
-  de_lower: list[str] = []
-  de_noun: list[bool] = []
-  de_start = np.zeros(VOCAB_SIZE, np.int64)
-  de_count = np.zeros(VOCAB_SIZE, np.int64)
-  for i, (_, variants) in enumerate(_FUNCTION_WORDS):
-    de_start[i], de_count[i] = len(de_natural), len(variants)
-    de_natural += variants
-    de_lower += variants
-    de_noun += [False] * len(variants)
-  for j, (k, syn) in enumerate(zip(kind.tolist(), synonym.tolist(), strict=True)):
-    i = nf + j
-    de_start[i] = len(de_natural)
-    if k == 0:  # a name: capitalised, the same in German
-      en_natural.append(_capital(en_words[j]))
-      forms = [en_natural[-1]]
-    elif k == 1:  # a number
-      en_natural.append(next(numbers))
-      forms = [_german_number(en_natural[-1])]
-    else:
-      en_natural.append(en_words[j])
-      forms = [next(de_words) for _ in range(1 + syn)]
-    de_count[i] = len(forms)
-    de_lower += forms
-    de_natural += [_capital(w) for w in forms] if k == 2 else forms
-    de_noun += [k == 2] * len(forms)
-  particles = np.arange(len(de_natural), len(de_natural) + len(_GERMAN_PARTICLES))
-  de_natural += _GERMAN_PARTICLES
-  de_lower += _GERMAN_PARTICLES
-  de_noun += [False] * len(_GERMAN_PARTICLES)
-
+  variants = [ws for _, ws in _FUNCTION_WORDS]
+  nv = sum(map(len, variants))
+  de_lower = [w for ws in variants for w in ws] + de.tolist() + list(_GERMAN_PARTICLES)
+  de_noun = np.zeros(len(de_lower), bool)
+  de_noun[nv : nv + len(de)] = kind[owner] == 2
+  de_count = np.concatenate([[len(ws) for ws in variants], count])
+  lower = _Pieces.of(de_lower)
+  en_pieces = _Pieces.of([w for w, _ in _FUNCTION_WORDS] + en.tolist())
+  suffixes = _Pieces.of(_SUFFIXES)
   zipf = (np.arange(1, VOCAB_SIZE + 1) + ZIPF_SHIFT) ** -ZIPF_EXPONENT
-  cdf = np.cumsum(zipf) / zipf.sum()
-  suffixes = list(_SUFFIXES)
   return _Lexicon(
-    cdf=cdf,
-    en=_Pieces.of(en_natural + [_capital(w) for w in en_natural] + suffixes),
-    de=_Pieces.of(de_natural + [_capital(w) for w in de_natural] + de_lower + suffixes),
+    cdf=np.cumsum(zipf) / zipf.sum(),
+    en=_Pieces.concat(en_pieces, en_pieces.capitalised(), suffixes),
+    de=_Pieces.concat(lower.capitalised(de_noun), lower.capitalised(), lower, suffixes),
     en_function=np.arange(VOCAB_SIZE) < nf,
-    de_start=de_start,
+    de_start=np.cumsum(de_count) - de_count,
     de_count=de_count,
-    de_noun=np.array(de_noun),
-    de_particles=particles,
+    de_noun=de_noun,
+    de_particles=np.arange(len(de_lower) - len(_GERMAN_PARTICLES), len(de_lower)),
     num_en=VOCAB_SIZE,
-    num_de=len(de_natural),
+    num_de=len(de_lower),
   )
 
 
@@ -367,30 +377,43 @@ def generate_pairs(split: str, size: int, seed: int = 0) -> Iterator[tuple[str, 
     yield from zip(de, en, strict=True)
 
 
-def _prefetched_chunks(
-  split: str, size: int, seed: int, pool: concurrent.futures.Executor | None, ahead: int = 3
-) -> Iterator[tuple[list[str], list[str]]]:
-  """As `generate_chunks`, but up to `ahead` chunks are generated in `pool` meanwhile."""
-  if pool is None:
-    yield from generate_chunks(split, size, seed)
-    return
-  num_chunks = -(-size // CHUNK_SIZE)
-  futures: list[concurrent.futures.Future] = []
-  submitted = 0
-  for index in range(num_chunks):
-    while submitted < num_chunks and len(futures) < ahead:
-      futures.append(pool.submit(_chunk, split, seed, submitted))
-      submitted += 1
-    de, en = futures.pop(0).result()
-    yield de[: size - index * CHUNK_SIZE], en[: size - index * CHUNK_SIZE]
+# Chunks of a split are generated in a child Python process (one core) while this one runs the
+# TFDS writer; the child writes pickled chunks to a pipe, which blocks it when it is ahead.
+_CHILD = (
+  "import pickle, sys\n"
+  "from transformer.data.synthetic_wmt import generate_chunks\n"
+  "split, size, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])\n"
+  "for chunk in generate_chunks(split, size, seed):\n"
+  "  pickle.dump(chunk, sys.stdout.buffer, protocol=pickle.HIGHEST_PROTOCOL)\n"
+  "sys.stdout.buffer.flush()\n"
+)
+_CHILD_MIN_SIZE = 4 * CHUNK_SIZE  # smaller splits are generated in this process
 
 
-def _examples(
-  split: str, size: int, seed: int, pool: concurrent.futures.Executor | None
-) -> Iterator[tuple[str, dict[str, str]]]:
+def _child_chunks(split: str, size: int, seed: int) -> Iterator[tuple[list[str], list[str]]]:
+  """As `generate_chunks`, but computed in a child process, one chunk ahead."""
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  env = dict(os.environ)
+  env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+  args = [sys.executable, "-c", _CHILD, split, str(size), str(seed)]
+  with subprocess.Popen(args, stdout=subprocess.PIPE, env=env) as child:
+    try:
+      for _ in range(-(-size // CHUNK_SIZE)):
+        try:
+          yield pickle.load(child.stdout)
+        except EOFError:
+          raise RuntimeError(
+            f"the generator process for {split!r} exited with {child.wait()}"
+          ) from None
+    finally:
+      child.kill()  # a no-op once it has finished
+
+
+def _examples(split: str, size: int, seed: int) -> Iterator[tuple[str, dict[str, str]]]:
   """TFDS (key, example) pairs; keys look like the real builder's "<subset>/<line>"."""
+  chunks = _child_chunks if size >= _CHILD_MIN_SIZE and (os.cpu_count() or 1) > 1 else None
   i = itertools.count()
-  for de, en in _prefetched_chunks(split, size, seed, pool):
+  for de, en in (chunks or generate_chunks)(split, size, seed):
     for d, e in zip(de, en, strict=True):
       yield f"synthetic/{next(i)}", {"de": d, "en": e}
 
@@ -416,8 +439,9 @@ def build_synthetic_wmt14(
 ) -> None:
   """Writes the synthetic corpus as `wmt14_translate/de-en` into the TFDS `data_dir`.
 
-  Does nothing if the dataset is already prepared there (whatever its sizes). Large builds
-  generate text in a second process while this one runs the TFDS writer.
+  Does nothing if the dataset is already prepared there (whatever its sizes). Splits of
+  `_CHILD_MIN_SIZE` pairs or more are generated in a child process while this one runs the
+  TFDS writer.
   """
   sizes = {"train": train_size, "validation": validation_size, "test": test_size}
   if min(sizes.values()) < 1:
@@ -425,28 +449,20 @@ def build_synthetic_wmt14(
   _import_tensorflow()
   import tensorflow_datasets as tfds
 
-  data_dir = os.path.expanduser(data_dir)
-  builder = tfds.builder(DATASET, data_dir=data_dir)
-  if builder.is_prepared():
+  builder = tfds.builder(DATASET, data_dir=os.path.expanduser(data_dir))
+  # (is_prepared() logs a warning when the dir is missing.)
+  if (builder.data_path / "dataset_info.json").exists() and builder.is_prepared():
     return
-  pool = None
-  if sum(sizes.values()) > 4 * CHUNK_SIZE and (os.cpu_count() or 1) > 1:
-    spawn = multiprocessing.get_context("spawn")  # no fork of a process that runs TF
-    pool = concurrent.futures.ProcessPoolExecutor(1, mp_context=spawn)
 
   def split_generators(dl_manager: Any) -> dict[str, Iterator[tuple[str, dict[str, str]]]]:
     del dl_manager  # nothing to download
-    return {split: _examples(split, sizes[split], seed, pool) for split in SPLITS}
+    return {split: _examples(split, sizes[split], seed) for split in SPLITS}
 
-  # An instance attribute shadows the class's method; TFDS calls `self._split_generators`.
+  # An instance attribute shadows the class's method: TFDS calls `self._split_generators`.
   builder._split_generators = split_generators
   config = tfds.download.DownloadConfig(
     try_download_gcs=False, compute_stats=tfds.download.ComputeStatsMode.SKIP
   )
-  # The download manager makes its (empty) dirs here; keep them out of the data dir.
-  try:
-    with tempfile.TemporaryDirectory(prefix="synthetic_wmt_dl_") as download_dir:
-      builder.download_and_prepare(download_dir=download_dir, download_config=config)
-  finally:
-    if pool is not None:
-      pool.shutdown(cancel_futures=True)
+  # The download manager makes (empty) dirs in its download dir: keep them out of data_dir.
+  with tempfile.TemporaryDirectory(prefix="synthetic_wmt_") as download_dir:
+    builder.download_and_prepare(download_dir=download_dir, download_config=config)

@@ -1,0 +1,135 @@
+"""A workdir in a GCS bucket (an offline emulator started by the test): a run is trained, killed
+with -9, resumed, stopped with SIGTERM, resumed again and ends with parameters bitwise equal to
+an uninterrupted local run; then checkpoint averaging, translation and an experiment read the
+bucket. Nothing is written to a local directory named `gs:`."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+
+import jax
+import numpy as np
+
+from tests.test_train import FAST_COMPILE, REPO, TINY, final_params, read_metrics, run_main
+from transformer.metrics import read_metrics as read_remote_metrics
+
+OVERRIDES = ["--config.num_train_steps=30", "--config.checkpoint_every_steps=5",
+             "--config.eval_every_steps=100", "--config.log_every_steps=1"]
+
+
+def objects(gcs, prefix):
+  """Names of the bucket's objects under `prefix`, straight from the emulator (no caches)."""
+  names, token = [], None
+  while True:
+    query = {"prefix": prefix, **({"pageToken": token} if token else {})}
+    url = f"{gcs.url}/storage/v1/b/{gcs.bucket}/o?{urllib.parse.urlencode(query)}"
+    with urllib.request.urlopen(url, timeout=30) as r:
+      page = json.loads(r.read())
+    names += [o["name"] for o in page.get("items", [])]
+    token = page.get("nextPageToken")
+    if not token:
+      return names
+
+
+def remote_steps(gcs, prefix):
+  """Steps in the remote metrics.jsonl."""
+  url = (f"{gcs.url}/download/storage/v1/b/{gcs.bucket}/o/"
+         f"{urllib.parse.quote(prefix + '/metrics.jsonl', safe='')}?alt=media")
+  try:
+    with urllib.request.urlopen(url, timeout=30) as r:
+      text = r.read().decode()
+  except urllib.error.HTTPError:
+    return []
+  return [json.loads(ln)["step"] for ln in text.splitlines() if ln.strip()]
+
+
+def start(args, env):
+  return subprocess.Popen([sys.executable, "-m", "transformer.main", *args], cwd=REPO, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_until(condition, proc, what, timeout=300):
+  deadline = time.time() + timeout
+  while not condition():
+    if proc.poll() is not None or time.time() > deadline:
+      out, err = proc.communicate()
+      raise AssertionError(f"never saw {what}; exit {proc.returncode}\n{err[-3000:]}")
+    time.sleep(0.05)
+
+
+def test_training_in_a_bucket_survives_kill_and_sigterm_and_serves_inference(gcs, tmp_path):
+  env = {**os.environ, **gcs.env, "XLA_FLAGS": FAST_COMPILE}
+  workdir, prefix = gcs.path("run"), "run"
+  args = [*TINY, f"--workdir={workdir}", *OVERRIDES]
+  straight = str(tmp_path / "straight")
+  proc = run_main(*TINY, f"--workdir={straight}", *OVERRIDES)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+
+  # kill -9 once a checkpoint is committed in the bucket and training has gone past it.
+  first = start(args, env)
+  wait_until(lambda: (f"{prefix}/checkpoints/5/commit_success.txt" in objects(gcs, prefix)
+                      and max(remote_steps(gcs, prefix), default=0) >= 7), first, "checkpoint 5")
+  first.send_signal(signal.SIGKILL)
+  first.communicate()
+  assert max(remote_steps(gcs, prefix)) < 30
+
+  # Resume, then SIGTERM: the run saves where it is and exits 0.
+  second = start(args, env)
+  lines = []
+  for line in second.stderr:
+    lines.append(line)
+    if "Resumed from the checkpoint of step" in line:
+      break
+  assert any("taking over the lock" in ln for ln in lines), "".join(lines)[-3000:]
+  second.send_signal(signal.SIGTERM)
+  out, err = second.communicate(timeout=300)
+  assert second.returncode == 0 and "Interrupted by SIGTERM" in out, "".join(lines) + err[-3000:]
+
+  third = run_main(*args, env_extra=gcs.env)
+  assert third.returncode == 0, third.stderr[-3000:]
+  assert "Resumed from the checkpoint of step" in third.stderr
+  step_a, params_a = final_params(straight)
+  step_b, params_b = final_params(workdir)
+  assert step_a == step_b == 30
+  jax.tree.map(np.testing.assert_array_equal, params_a, params_b)
+  loss = lambda recs: {r["step"]: r["train/loss"] for r in recs if "train/loss" in r}
+  assert loss(read_metrics(straight)) == loss(read_remote_metrics(workdir))
+
+  names = objects(gcs, prefix)
+  assert f"{prefix}/vocab/spm.model" in names and f"{prefix}/.lock" not in names
+  assert any(n.startswith(f"{prefix}/cache/train-") and n.endswith("/meta.json") for n in names)
+  assert any(n.startswith(f"{prefix}/tb/events.out.tfevents") for n in names)
+  assert f"{prefix}/translations/test_30.txt" in names
+
+  # Inference and an experiment read the bucket.
+  tr = subprocess.run([sys.executable, "-m", "transformer.main", *TINY, f"--workdir={workdir}",
+                       "--mode=translate"], input="three hundred\n\nseven\n", cwd=REPO, env=env,
+                      capture_output=True, text=True, timeout=600)
+  assert tr.returncode == 0, tr.stderr[-3000:]
+  assert len(tr.stdout.splitlines()) == 3 and tr.stdout.splitlines()[1] == ""
+  avg = run_main(*TINY, f"--workdir={workdir}", "--mode=average", "--average=2",
+                 env_extra=gcs.env)
+  assert avg.returncode == 0, avg.stderr[-3000:]
+  assert f"{prefix}/translations/test_average_2.txt" in objects(gcs, prefix)
+  png = tmp_path / "maps.png"
+  maps = subprocess.run([sys.executable, "-m", "experiments.attention_maps", *TINY,
+                         f"--workdir={workdir}", f"--out={png}"], cwd=REPO, env=env,
+                        capture_output=True, text=True, timeout=600)
+  assert maps.returncode == 0, maps.stderr[-3000:]
+  assert png.stat().st_size > 0
+  for d in (REPO, os.getcwd(), str(tmp_path)):
+    assert not os.path.exists(os.path.join(d, "gs:")), d
+
+
+def test_unwritable_bucket_is_one_line(gcs):
+  env = {**gcs.env, "XLA_FLAGS": FAST_COMPILE}
+  proc = run_main(*TINY, "--workdir=gs://no-such-bucket/run", env_extra=env)
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+  assert len(lines) == 1 and "gs://no-such-bucket/run" in lines[0], proc.stderr[-3000:]
+  assert "Traceback" not in proc.stderr

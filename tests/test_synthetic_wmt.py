@@ -1,0 +1,117 @@
+"""Tests of the synthetic WMT14 stand-in: TFDS layout, sizes, determinism, length statistics."""
+
+import itertools
+import os
+
+import numpy as np
+import pytest
+
+from transformer.data import synthetic_wmt as sw
+
+SIZES = {"train": 2000, "validation": 100, "test": 100}
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+  d = str(tmp_path_factory.mktemp("synthetic_wmt"))
+  sw.build_synthetic_wmt14(
+    d, train_size=SIZES["train"], validation_size=SIZES["validation"], test_size=SIZES["test"]
+  )
+  return d
+
+
+def _read(builder, split):
+  import tensorflow_datasets as tfds
+
+  ds = builder.as_dataset(split=split, shuffle_files=False)
+  return [(ex["de"].decode(), ex["en"].decode()) for ex in tfds.as_numpy(ds)]
+
+
+def test_real_builder_reads_it(data_dir):
+  import tensorflow_datasets as tfds
+
+  builder = tfds.builder("wmt14_translate/de-en", data_dir=data_dir)
+  assert builder.is_prepared()
+  assert type(builder).__module__ == "tensorflow_datasets.translate.wmt14"
+  assert str(builder.version) == "1.0.0"
+  assert sorted(builder.info.features.keys()) == ["de", "en"]
+  assert {k: v.num_examples for k, v in builder.info.splits.items()} == SIZES
+  for split, size in SIZES.items():
+    pairs = _read(builder, split)
+    assert len(pairs) == size
+    # The files hold exactly the generated pairs (in TFDS's shuffled order).
+    assert sorted(pairs) == sorted(sw.generate_pairs(split, size))
+
+
+def test_layout_is_tfds_build(data_dir):
+  root = os.path.join(data_dir, "wmt14_translate")
+  assert sorted(os.listdir(data_dir)) == ["wmt14_translate"]  # no downloads/ left behind
+  assert sorted(os.listdir(root)) == [".config", "de-en"]
+  assert os.listdir(os.path.join(root, "de-en")) == ["1.0.0"]
+  files = sorted(os.listdir(os.path.join(root, "de-en", "1.0.0")))
+  assert files == [
+    "dataset_info.json",
+    "features.json",
+    "wmt14_translate-test.tfrecord-00000-of-00001",
+    "wmt14_translate-train.tfrecord-00000-of-00001",
+    "wmt14_translate-validation.tfrecord-00000-of-00001",
+  ]
+
+
+def test_second_build_is_skipped(data_dir):
+  info = os.path.join(data_dir, "wmt14_translate", "de-en", "1.0.0", "dataset_info.json")
+  before = os.stat(info).st_mtime_ns
+  sw.build_synthetic_wmt14(data_dir, train_size=10, validation_size=10, test_size=10)
+  assert os.stat(info).st_mtime_ns == before
+
+
+def test_generation_is_deterministic():
+  first = list(itertools.islice(sw.generate_pairs("train", 5000, seed=0), 50))
+  assert first == list(itertools.islice(sw.generate_pairs("train", 5000, seed=0), 50))
+  # Pair i does not depend on the split's size; seeds and splits differ.
+  assert first[:10] == list(sw.generate_pairs("train", 10, seed=0))
+  assert first[:10] != list(sw.generate_pairs("train", 10, seed=1))
+  assert first[:10] != list(sw.generate_pairs("test", 10, seed=0))
+
+
+def test_capitalised_pieces():
+  words = ["über", "ärger", "öl", "abc", "", "1.5", "Sie", "zug", "x"]
+  pieces = sw._Pieces.of(words)
+  ids = np.arange(len(words))
+  assert pieces.capitalised().join(ids) == "".join(w[:1].upper() + w[1:] for w in words)
+  mask = np.array([True, False] * 4 + [True])
+  assert pieces.capitalised(mask).join(ids) == "".join(
+    w[:1].upper() + w[1:] if m else w for w, m in zip(words, mask, strict=True)
+  )
+
+
+def test_child_process_generates_the_same_chunks():
+  size = sw.CHUNK_SIZE + 7
+  child = list(sw._child_chunks("validation", size, 0))
+  assert child == list(sw.generate_chunks("validation", size, 0))
+  assert [len(en) for _, en in child] == [sw.CHUNK_SIZE, 7]
+
+
+def test_length_statistics_are_wmt_like():
+  de, en = [], []
+  for d, e in sw.generate_chunks("train", 100_000):
+    de += d
+    en += e
+  n_en = np.array([len(s.split()) for s in en])
+  n_de = np.array([len(s.split()) for s in de])
+  assert 22.5 < n_en.mean() < 24.5
+  assert 19 <= np.median(n_en) <= 21
+  assert 0.002 < (n_en > 80).mean() < 0.02
+  assert n_en.min() >= 1 and n_en.max() <= sw.MAX_WORDS
+  assert 0.9 < n_de.sum() / n_en.sum() < 1.0
+  assert np.corrcoef(n_en, n_de)[0, 1] > 0.9
+  # Capital first letters, punctuation, umlauts on the German side only.
+  assert all(s[:1].isupper() or s[:1].isdigit() for s in en[:1000])
+  assert 0.03 < sum(s.count(",") for s in en) / n_en.sum() < 0.07
+  text_de, text_en = "".join(de[:5000]), "".join(en[:5000])
+  assert text_en.isascii()
+  assert 0.005 < sum(not c.isascii() for c in text_de) / len(text_de) < 0.05
+  # Zipfian: the commonest type is frequent, and there are many types.
+  words = [w for s in en[:20_000] for w in s.split()]
+  _, counts = np.unique(words, return_counts=True)
+  assert counts.max() / len(words) > 0.02 and len(counts) > 50_000
