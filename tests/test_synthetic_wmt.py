@@ -76,7 +76,7 @@ def test_generation_is_deterministic():
 
 def test_capitalised_pieces():
   words = ["über", "ärger", "öl", "abc", "", "1.5", "Sie", "zug", "x"]
-  pieces = sw._Pieces.of(words)
+  pieces = sw.Pieces.of(words)
   ids = np.arange(len(words))
   assert pieces.capitalised().join(ids) == "".join(w[:1].upper() + w[1:] for w in words)
   mask = np.array([True, False] * 4 + [True])
@@ -87,7 +87,7 @@ def test_capitalised_pieces():
 
 def test_child_process_generates_the_same_chunks():
   size = sw.CHUNK_SIZE + 7
-  child = list(sw._child_chunks("validation", size, 0))
+  child = list(sw.child_chunks("validation", size, 0))
   assert child == list(sw.generate_chunks("validation", size, 0))
   assert [len(en) for _, en in child] == [sw.CHUNK_SIZE, 7]
 

@@ -129,7 +129,7 @@ _DE_SUFFIXES = tuple("en er ung heit keit lich ig isch chen e t en ern schaft".s
 
 
 @dataclasses.dataclass(frozen=True)
-class _Pieces:
+class Pieces:
   """Strings as one UTF-8 byte buffer: piece i is buf[off[i]:off[i] + len[i]]."""
 
   buf: np.ndarray  # uint8
@@ -137,13 +137,13 @@ class _Pieces:
   len: np.ndarray  # int64
 
   @classmethod
-  def of(cls, strings: list[str] | tuple[str, ...]) -> _Pieces:
+  def of(cls, strings: list[str] | tuple[str, ...]) -> Pieces:
     encoded = [s.encode("utf-8") for s in strings]
     lens = np.fromiter(map(len, encoded), np.int64, len(encoded))
     return cls(np.frombuffer(b"".join(encoded), np.uint8), np.cumsum(lens) - lens, lens)
 
   @classmethod
-  def concat(cls, *parts: _Pieces) -> _Pieces:
+  def concat(cls, *parts: Pieces) -> Pieces:
     shift = np.cumsum([0] + [len(p.buf) for p in parts[:-1]])
     return cls(
       np.concatenate([p.buf for p in parts]),
@@ -151,7 +151,7 @@ class _Pieces:
       np.concatenate([p.len for p in parts]),
     )
 
-  def capitalised(self, mask: np.ndarray | None = None) -> _Pieces:
+  def capitalised(self, mask: np.ndarray | None = None) -> Pieces:
     """The same pieces with a capital first letter (where `mask`): a-z and ä, ö, ü only."""
     buf = self.buf.copy()
     first = self.off[self.len > 0] if mask is None else self.off[mask & (self.len > 0)]
@@ -159,7 +159,7 @@ class _Pieces:
     buf[first[lower]] -= 32
     umlaut = first[buf[first] == 0xC3] + 1  # second bytes of U+00C0..U+00FF
     buf[umlaut[np.isin(buf[umlaut], (0xA4, 0xB6, 0xBC))]] -= 32  # ä ö ü -> Ä Ö Ü
-    return _Pieces(buf, self.off, self.len)
+    return Pieces(buf, self.off, self.len)
 
   def join(self, ids: np.ndarray) -> str:
     """The concatenation of pieces `ids`."""
@@ -182,8 +182,8 @@ class _Lexicon:
   """Both vocabularies and the English -> German word map, as arrays."""
 
   cdf: np.ndarray  # cumulative Zipf probabilities of the English ranks
-  en: _Pieces  # [natural forms (V), sentence-initial forms (V), _SUFFIXES]
-  de: _Pieces  # [natural (W), sentence-initial (W), lowercase (W), _SUFFIXES]
+  en: Pieces  # [natural forms (V), sentence-initial forms (V), _SUFFIXES]
+  de: Pieces  # [natural (W), sentence-initial (W), lowercase (W), _SUFFIXES]
   en_function: np.ndarray  # bool [V]: a function word
   de_start: np.ndarray  # int64 [V]: first German entry of each English type
   de_count: np.ndarray  # int64 [V]: number of German entries (variants) of each English type
@@ -209,7 +209,7 @@ def _syllable_words(
   # Zipfian syllable frequencies, the short syllables mostly at the top.
   size = np.array([len(x.encode("utf-8")) for x in syllables])  # umlauts count as longer
   order = np.argsort(size + 3.0 * rng.random(len(syllables)))
-  table = _Pieces.of([syllables[i] for i in order] + list(suffixes) + ["", "\n"])
+  table = Pieces.of([syllables[i] for i in order] + list(suffixes) + ["", "\n"])
   ns, empty = len(syllables), len(syllables) + len(suffixes)
   syl_p = 1.0 / np.arange(1, ns + 1) ** 0.9
   syl_cdf = np.cumsum(syl_p) / syl_p.sum()
@@ -283,14 +283,14 @@ def _lexicon(seed: int) -> _Lexicon:
   de_noun = np.zeros(len(de_lower), bool)
   de_noun[nv : nv + len(de)] = kind[owner] == 2
   de_count = np.concatenate([[len(ws) for ws in variants], count])
-  lower = _Pieces.of(de_lower)
-  en_pieces = _Pieces.of([w for w, _ in _FUNCTION_WORDS] + en.tolist())
-  suffixes = _Pieces.of(_SUFFIXES)
+  lower = Pieces.of(de_lower)
+  en_pieces = Pieces.of([w for w, _ in _FUNCTION_WORDS] + en.tolist())
+  suffixes = Pieces.of(_SUFFIXES)
   zipf = (np.arange(1, VOCAB_SIZE + 1) + ZIPF_SHIFT) ** -ZIPF_EXPONENT
   return _Lexicon(
     cdf=np.cumsum(zipf) / zipf.sum(),
-    en=_Pieces.concat(en_pieces, en_pieces.capitalised(), suffixes),
-    de=_Pieces.concat(lower.capitalised(de_noun), lower.capitalised(), lower, suffixes),
+    en=Pieces.concat(en_pieces, en_pieces.capitalised(), suffixes),
+    de=Pieces.concat(lower.capitalised(de_noun), lower.capitalised(), lower, suffixes),
     en_function=np.arange(VOCAB_SIZE) < nf,
     de_start=np.cumsum(de_count) - de_count,
     de_count=de_count,
@@ -390,7 +390,7 @@ _CHILD = (
 _CHILD_MIN_SIZE = 4 * CHUNK_SIZE  # smaller splits are generated in this process
 
 
-def _child_chunks(split: str, size: int, seed: int) -> Iterator[tuple[list[str], list[str]]]:
+def child_chunks(split: str, size: int, seed: int) -> Iterator[tuple[list[str], list[str]]]:
   """As `generate_chunks`, but computed in a child process, one chunk ahead."""
   root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   env = dict(os.environ)
@@ -411,22 +411,11 @@ def _child_chunks(split: str, size: int, seed: int) -> Iterator[tuple[list[str],
 
 def _examples(split: str, size: int, seed: int) -> Iterator[tuple[str, dict[str, str]]]:
   """TFDS (key, example) pairs; keys look like the real builder's "<subset>/<line>"."""
-  chunks = _child_chunks if size >= _CHILD_MIN_SIZE and (os.cpu_count() or 1) > 1 else None
+  chunks = child_chunks if size >= _CHILD_MIN_SIZE and (os.cpu_count() or 1) > 1 else None
   i = itertools.count()
   for de, en in (chunks or generate_chunks)(split, size, seed):
     for d, e in zip(de, en, strict=True):
       yield f"synthetic/{next(i)}", {"de": d, "en": e}
-
-
-def _import_tensorflow() -> Any:
-  """Imports TensorFlow for writing only, hiding every GPU from it first."""
-  import tensorflow as tf
-
-  try:
-    tf.config.set_visible_devices([], "GPU")
-  except RuntimeError:
-    pass  # TF is already initialised.
-  return tf
 
 
 def build_synthetic_wmt14(
@@ -446,7 +435,9 @@ def build_synthetic_wmt14(
   sizes = {"train": train_size, "validation": validation_size, "test": test_size}
   if min(sizes.values()) < 1:
     raise ValueError(f"every split needs at least one example, got {sizes}")
-  _import_tensorflow()
+  from transformer.data.tfds_io import import_tensorflow
+
+  import_tensorflow()
   import tensorflow_datasets as tfds
 
   builder = tfds.builder(DATASET, data_dir=os.path.expanduser(data_dir))
