@@ -226,10 +226,12 @@ def attention_maps(config: Any, workdir: str, sentence: str, out: str) -> dict[s
   """Translates `sentence` with the workdir's newest checkpoint and plots its attention."""
   import jax.numpy as jnp
 
-  from transformer.cli_translate import _load
+  from transformer import infer
   from transformer.models import build_model
 
-  tokenizer, _, translator, params, label = _load(config, workdir, None)
+  model = infer.restore(config, workdir)
+  tokenizer, translator, params, label = (model.tokenizer, model.translator, model.params,
+                                          model.label)
   src = tokenizer.encode(sentence)
   hyp = translator.translate_ids(params, [src])[0]
   tgt = list(hyp) + [1]

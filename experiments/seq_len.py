@@ -391,9 +391,11 @@ def evaluate_by_length(config: Any, workdir: str, pairs: list[tuple[str, str]],
                        bins: list[tuple[int, int | None]]) -> dict[str, Any]:
   """Translates `pairs`' sources with a trained workdir's newest checkpoint; BLEU by bin."""
   from transformer import bleu as bleu_lib
-  from transformer.cli_translate import _load
+  from transformer import infer
 
-  tokenizer, _, translator, params, label = _load(config, workdir, None)
+  model = infer.restore(config, workdir)
+  tokenizer, translator, params, label = (model.tokenizer, model.translator, model.params,
+                                          model.label)
   sources = [tokenizer.encode(s) for s, _ in pairs]
   hyps = [tokenizer.decode(ids) for ids in translator.translate_ids(params, sources)]
   refs = [t for _, t in pairs]
@@ -577,7 +579,9 @@ def _plot(cost, quality, path: str) -> None:
 def run_quality(sweep_spec: str, root: str, bins: list[tuple[int, int | None]],
                 log=print) -> dict[str, Any]:
   """Trains the sweep's points (skipping finished ones) and evaluates each by length bin."""
+  from transformer import storage
   from transformer.data import input_pipeline
+  from transformer.data.token_cache import TokenizedSplit
   from transformer.data.tokenizer import Tokenizer
 
   sweep = sweep_lib.load_sweep(sweep_spec)
@@ -594,12 +598,12 @@ def run_quality(sweep_spec: str, root: str, bins: list[tuple[int, int | None]],
     log(f"[seq_len quality] {p.name}: translating the validation split")
     result = evaluate_by_length(config, workdir, splits["validation"], bins)
     # How many training pairs the point kept: the input pipeline's own filter.
-    vocab = os.path.join(workdir, "vocab", "spm.model")
-    with open(vocab, "rb") as f:
-      key = f.read()
+    vocab = input_pipeline.vocab_path(workdir)
+    key = storage.as_path(vocab).read_bytes()
     if key not in tokenized:
-      tokenized[key] = input_pipeline.tokenize_pairs(Tokenizer.load(vocab), splits["train"])
-    kept = input_pipeline.TrainBatches(*tokenized[key], config, batch_multiple=1).num_examples
+      tokenized[key] = TokenizedSplit.from_sequences(
+        *input_pipeline.tokenize_pairs(Tokenizer.load(vocab), splits["train"]))
+    kept = input_pipeline.TrainBatches(tokenized[key], config).num_examples
     models.append({"point": p.name, "max_len": int(config.data.max_source_len),
                    "step": rows[p.name]["step"], "train_kept": kept,
                    "train_total": len(splits["train"]), "eval": result,

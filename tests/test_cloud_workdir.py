@@ -90,9 +90,13 @@ def test_training_in_a_bucket_survives_kill_and_sigterm_and_serves_inference(gcs
   out, err = second.communicate(timeout=300)
   assert second.returncode == 0 and "Interrupted by SIGTERM" in out, "".join(lines) + err[-3000:]
 
-  third = run_main(*args, env_extra=gcs.env)
+  # As on a new VM after a preemption: an empty local cache is filled from the bucket's copy
+  # of the token cache, not by tokenizing again.
+  new_vm = {**gcs.env, "TRANSFORMER_CACHE": str(tmp_path / "new_vm_cache")}
+  third = run_main(*args, env_extra=new_vm)
   assert third.returncode == 0, third.stderr[-3000:]
   assert "Resumed from the checkpoint of step" in third.stderr
+  assert "copying the token cache" in third.stderr and "tokenizing" not in third.stderr
   step_a, params_a = final_params(straight)
   step_b, params_b = final_params(workdir)
   assert step_a == step_b == 30

@@ -18,43 +18,10 @@ from typing import Any
 import jax
 
 from transformer import sharding as sharding_lib
-from transformer import storage
-from transformer.checkpoint import Checkpointer, average_params
-from transformer.data.input_pipeline import vocab_path
-from transformer.data.tokenizer import Tokenizer
+from transformer.checkpoint import Checkpointer
 from transformer.errors import CheckpointError, UserError
-from transformer.train import Trainer, bleu_on, check_meta, evaluate, run_meta
-from transformer.translate import Translator
-from transformer.validate import validate
-
-
-def _load(config: Any, workdir: str, average: int | None):
-  """Tokenizer, trainer, translator and params (newest or averaged) of a trained workdir."""
-  model_config = validate(config, jax.device_count())
-  path = vocab_path(workdir)
-  if not storage.as_path(path).exists():
-    raise CheckpointError(f"{path} not found: train first with --mode=train --workdir={workdir}")
-  tokenizer = Tokenizer.load(path)
-  mesh = sharding_lib.make_mesh(config.mesh)
-  trainer = Trainer(config, mesh, model_config)
-  checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), None, async_save=False)
-  meta = run_meta(config, model_config, path)
-  n = config.average_last_checkpoints if average is None else average
-  if n > 1:
-    steps = checkpointer.all_steps()[-n:]
-    for step in steps:
-      check_meta(meta)(checkpointer.read_meta(step), checkpointer.path / str(step))
-    params = average_params(checkpointer, steps, trainer.abstract_state)
-    label = f"average of steps {steps}"
-  else:
-    restored = checkpointer.restore_latest(trainer.abstract_state, check_meta(meta))
-    if restored is None:
-      raise CheckpointError(f"no checkpoint in {checkpointer.directory}: train first")
-    state, step = restored
-    params, label = state.params, f"step {step}"
-  translator = Translator(model_config, config.decode, mesh, trainer.state_shardings.params,
-                          config.data.bucket_lengths)
-  return tokenizer, trainer, translator, params, label
+from transformer.infer import restore
+from transformer.train import bleu_on, evaluate
 
 
 def translate_stream(config: Any, workdir: str, input_path: str | None,
@@ -62,7 +29,9 @@ def translate_stream(config: Any, workdir: str, input_path: str | None,
   """Reads lines from `input_path` (or stdin), prints one translation per line."""
   if input_path is not None and not os.path.isfile(input_path):
     raise UserError(f"--input={input_path}: no such file")
-  tokenizer, _, translator, params, label = _load(config, workdir, average)
+  model = restore(config, workdir, average)
+  tokenizer, translator, params, label = (model.tokenizer, model.translator, model.params,
+                                          model.label)
   print(f"translating with the parameters of {label}", file=sys.stderr, flush=True)
   stream = open(input_path, "rb") if input_path else sys.stdin.buffer  # noqa: SIM115
   try:
@@ -105,7 +74,10 @@ def average_and_evaluate(config: Any, workdir: str, average: int | None) -> None
   n = average or config.average_last_checkpoints
   if n < 2:
     raise CheckpointError("--mode=average needs --average=N with N >= 2")
-  tokenizer, trainer, translator, params, label = _load(config, workdir, n)
+  model = restore(config, workdir, n)
+  tokenizer, trainer, translator, params = (model.tokenizer, model.trainer, model.translator,
+                                            model.params)
+  label = model.label
   reader = input_pipeline.open_reader(config)
   valid, test = reader.read_pairs("validation"), reader.read_pairs("test")
   dp = sharding_lib.data_parallel_size(trainer.mesh)

@@ -1,0 +1,86 @@
+"""Restoring a trained workdir for inference: the one public entry point.
+
+    from transformer import infer
+    model = infer.restore(config, "runs/numbers")            # newest checkpoint
+    model = infer.restore(config, "gs://b/run", average=5)   # mean of the last 5
+    ids = model.translator.translate_ids(model.params, [model.tokenizer.encode("seven")])
+
+Used by the translate and average modes of the main program and by the experiments. The
+checkpoints are checked against the config (model fields, vocabulary) as in training.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import jax
+
+from transformer import sharding as sharding_lib
+from transformer import storage
+from transformer.checkpoint import Checkpointer, average_params
+from transformer.data.input_pipeline import vocab_path
+from transformer.data.tokenizer import Tokenizer
+from transformer.errors import CheckpointError
+from transformer.train import Trainer, check_meta, run_meta
+from transformer.translate import Translator
+from transformer.validate import validate
+
+
+@dataclasses.dataclass
+class Restored:
+  """A trained model ready to translate.
+
+  Attributes:
+    tokenizer: the workdir's vocabulary.
+    trainer: model, mesh and jitted steps (its `eval_step` scores batches).
+    translator: cached greedy / beam search over the mesh.
+    params: the parameters (newest checkpoint or an average), sharded like training's.
+    label: which parameters, e.g. 'step 2500' or 'average of steps [1500, 2000, 2500]'.
+  """
+
+  tokenizer: Tokenizer
+  trainer: Trainer
+  translator: Translator
+  params: Any
+  label: str
+
+
+def restore(config: Any, workdir: str, average: int | None = None) -> Restored:
+  """Loads the newest checkpoint of `workdir` (local or gs://), or the mean of the last N.
+
+  Args:
+    config: the config the workdir was trained with (model fields must match).
+    workdir: the training run's workdir.
+    average: N > 1 averages the last N checkpoints; None takes
+      `config.average_last_checkpoints`; 0 or 1 take the newest checkpoint.
+
+  Raises:
+    CheckpointError: no vocabulary or checkpoint, or one that does not fit the config.
+  """
+  model_config = validate(config, jax.device_count())
+  path = vocab_path(workdir)
+  if not storage.as_path(path).exists():
+    raise CheckpointError(f"{path} not found: train first with --mode=train --workdir={workdir}")
+  tokenizer = Tokenizer.load(path)
+  mesh = sharding_lib.make_mesh(config.mesh)
+  trainer = Trainer(config, mesh, model_config)
+  checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), None, async_save=False)
+  meta = run_meta(config, model_config, path)
+  n = config.average_last_checkpoints if average is None else average
+  if n > 1:
+    steps = checkpointer.all_steps()[-n:]
+    for step in steps:
+      check_meta(meta)(checkpointer.read_meta(step), checkpointer.path / str(step))
+    params = average_params(checkpointer, steps, trainer.abstract_state)
+    label = f"average of steps {steps}"
+  else:
+    restored = checkpointer.restore_latest(trainer.abstract_state, check_meta(meta))
+    if restored is None:
+      raise CheckpointError(f"no checkpoint in {checkpointer.directory}: train first")
+    state, step = restored
+    params, label = state.params, f"step {step}"
+  translator = Translator(model_config, config.decode, mesh, trainer.state_shardings.params,
+                          config.data.bucket_lengths)
+  return Restored(tokenizer, trainer, translator, params, label)
