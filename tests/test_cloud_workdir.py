@@ -119,7 +119,7 @@ def test_training_in_a_bucket_survives_kill_and_sigterm_and_serves_inference(gcs
   avg = run_main(*TINY, f"--workdir={workdir}", "--mode=average", "--average=2",
                  env_extra=gcs.env)
   assert avg.returncode == 0, avg.stderr[-3000:]
-  assert f"{prefix}/translations/test_average_2.txt" in objects(gcs, prefix)
+  assert f"{prefix}/translations/average_test_30.txt" in objects(gcs, prefix)
   png = tmp_path / "maps.png"
   maps = subprocess.run([sys.executable, "-m", "experiments.attention_maps", *TINY,
                          f"--workdir={workdir}", f"--out={png}"], cwd=REPO, env=env,

@@ -19,9 +19,9 @@ import jax
 
 from transformer import sharding as sharding_lib
 from transformer.checkpoint import Checkpointer
-from transformer.errors import CheckpointError, UserError
+from transformer.errors import UserError
 from transformer.infer import restore
-from transformer.train import bleu_on, evaluate
+from transformer.train import final_evaluation
 
 
 def translate_stream(config: Any, workdir: str, input_path: str | None,
@@ -67,29 +67,28 @@ def translate_stream(config: Any, workdir: str, input_path: str | None,
 
 
 def average_and_evaluate(config: Any, workdir: str, average: int | None) -> None:
-  """Averages the last N checkpoints, then reports validation loss and test BLEU."""
+  """Averages the last N checkpoints, then runs the final evaluation of training on them.
+
+  Metrics go to `metrics.jsonl` at the newest step as `average_eval/...` and
+  `average_test/bleu`, translations to `translations/average_{validation,test}_<step>.txt`.
+  """
   from transformer.data import input_pipeline
   from transformer.metrics import MetricWriter
 
   n = average or config.average_last_checkpoints
   if n < 2:
-    raise CheckpointError("--mode=average needs --average=N with N >= 2")
+    raise UserError("--mode=average needs --average=N with N >= 2")
   model = restore(config, workdir, n)
-  tokenizer, trainer, translator, params = (model.tokenizer, model.trainer, model.translator,
-                                            model.params)
-  label = model.label
-  reader = input_pipeline.open_reader(config)
-  valid, test = reader.read_pairs("validation"), reader.read_pairs("test")
-  dp = sharding_lib.data_parallel_size(trainer.mesh)
-  valid_ids = list(zip(*input_pipeline.tokenize_pairs(tokenizer, valid), strict=True))
-  batches = input_pipeline.eval_batches(valid_ids, config, dp, process_index=jax.process_index(),
-                                        process_count=jax.process_count())
-  record = evaluate(trainer, params, batches, "average_eval")
-  result, _ = bleu_on(translator, params, tokenizer, test,
-                      os.path.join(workdir, "translations", f"test_average_{n}.txt"))
-  record["average_test/bleu"] = result.score
+  evals, references = input_pipeline.evaluation_data(
+    config, input_pipeline.open_reader(config), model.tokenizer,
+    sharding_lib.data_parallel_size(model.trainer.mesh), process_index=jax.process_index(),
+    process_count=jax.process_count())
   step = Checkpointer(os.path.join(workdir, "checkpoints"), None,
                       async_save=False).latest_step() or 0
-  MetricWriter(workdir, tensorboard=False).write(step, record)
-  print(f"{label}: validation perplexity {record['average_eval/perplexity']:.3f}, "
-        f"test BLEU {result.score:.2f}   [{result.signature}]")
+  final = final_evaluation(config, model.trainer, model.translator, model.params,
+                           model.tokenizer, evals, references, workdir, step, tag="average_")
+  MetricWriter(workdir, tensorboard=False).write(
+    step, {k: v for k, v in final.items() if isinstance(v, float)})
+  print(f"{model.label}: validation perplexity {final['average_eval/perplexity']:.3f}, "
+        f"validation BLEU {final['average_eval/bleu']:.2f}, test BLEU "
+        f"{final['average_test/bleu']:.2f}   [{final['bleu_signature']}]")

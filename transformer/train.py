@@ -331,10 +331,15 @@ def _train_and_evaluate(config: Any, workdir: str, model_config: TransformerConf
     ahead.close()
     save(step, state)
     checkpointer.wait()
-    final = final_evaluation(config, trainer, translator, checkpointer, state.params, data,
-                             workdir, step)
+    params = state.params
+    if config.average_last_checkpoints > 1:  # section 6.1: the mean of the last checkpoints
+      steps = checkpointer.all_steps()[-config.average_last_checkpoints:]
+      params = average_params(checkpointer, steps, trainer.abstract_state)
+      logging.info("Evaluating the average of the checkpoints of steps %s", steps)
+    final = final_evaluation(config, trainer, translator, params, data.tokenizer, data.eval,
+                             data.references, workdir, step)
     writer.write(step, {k: v for k, v in final.items() if isinstance(v, float)})
-    return final
+    return {"interrupted": None, "step": step, **final}
   finally:
     # Also on errors: wait for an async save in flight, so it finishes or is cleanly dropped.
     if ahead is not None:
@@ -344,31 +349,33 @@ def _train_and_evaluate(config: Any, workdir: str, model_config: TransformerConf
       writer.close()
 
 
-def final_evaluation(config: Any, trainer: Trainer, translator: Translator,
-                     checkpointer: Checkpointer, params: Any, data: input_pipeline.Pipeline,
-                     workdir: str, step: int) -> dict[str, Any]:
-  """Validation loss and BLEU and test BLEU of `params`, or of the average of the last
-  `config.average_last_checkpoints` checkpoints when that is above 1 (section 6.1)."""
-  if config.average_last_checkpoints > 1:
-    steps = checkpointer.all_steps()[-config.average_last_checkpoints:]
-    params = average_params(checkpointer, steps, trainer.abstract_state)
-    logging.info("Evaluating the average of the checkpoints of steps %s", steps)
-  final: dict[str, Any] = evaluate(trainer, params, data.eval["validation"], "eval")
-  bleu_pairs = data.references["validation"][: config.eval_bleu_sentences or None]
-  valid_bleu, _ = bleu_on(translator, params, data.tokenizer, bleu_pairs,
-                          os.path.join(workdir, "translations", f"validation_{step}.txt"))
-  final["eval/bleu"] = valid_bleu.score
-  test = data.references["test"]
-  test_bleu, test_hyps = bleu_on(translator, params, data.tokenizer, test,
-                                 os.path.join(workdir, "translations", f"test_{step}.txt"))
-  final["test/bleu"] = test_bleu.score
+def final_evaluation(config: Any, trainer: Trainer, translator: Translator, params: Any,
+                     tokenizer: Any, evals: dict[str, list[dict[str, np.ndarray]]],
+                     references: dict[str, list[tuple[str, str]]], workdir: str, step: int,
+                     tag: str = "") -> dict[str, Any]:
+  """Validation loss and BLEU and test BLEU of `params` (the end of training, `--mode=average`).
+
+  Metric keys are `{tag}eval/...` and `{tag}test/bleu`; the translations are written to
+  `<workdir>/translations/{tag}validation_{step}.txt` and `{tag}test_{step}.txt`. Also returns
+  the test BLEU's signature (`bleu_signature`) and a few (source, hypothesis, reference)
+  `samples`.
+  """
+  final: dict[str, Any] = evaluate(trainer, params, evals["validation"], f"{tag}eval")
+  out = os.path.join(workdir, "translations")
+  bleu_pairs = references["validation"][: config.eval_bleu_sentences or None]
+  valid_bleu, _ = bleu_on(translator, params, tokenizer, bleu_pairs,
+                          os.path.join(out, f"{tag}validation_{step}.txt"))
+  final[f"{tag}eval/bleu"] = valid_bleu.score
+  test = references["test"]
+  test_bleu, test_hyps = bleu_on(translator, params, tokenizer, test,
+                                 os.path.join(out, f"{tag}test_{step}.txt"))
+  final[f"{tag}test/bleu"] = test_bleu.score
   if config.dataset == "wmt14":
-    final["test/bleu_tokenized"] = bleu_lib.tokenized_bleu(test_hyps, [t for _, t in test]).score
+    final[f"{tag}test/bleu_tokenized"] = bleu_lib.tokenized_bleu(
+      test_hyps, [t for _, t in test]).score
   n = config.num_samples_to_print
-  final.update({
-    "interrupted": None, "step": step, "bleu_signature": test_bleu.signature,
-    "samples": [(s, h, t) for (s, t), h in zip(test[:n], test_hyps[:n], strict=True)],
-  })
+  final["bleu_signature"] = test_bleu.signature
+  final["samples"] = [(s, h, t) for (s, t), h in zip(test[:n], test_hyps[:n], strict=True)]
   return final
 
 

@@ -439,6 +439,19 @@ class Pipeline:
   references: dict[str, list[tuple[str, str]]]  # 'validation' and 'test' (source, target).
 
 
+def evaluation_data(config: Any, reader: SplitReader, tokenizer: Tokenizer, batch_multiple: int,
+                    *, process_index: int = 0, process_count: int = 1
+                    ) -> tuple[dict[str, list[Batch]], dict[str, list[tuple[str, str]]]]:
+  """Batches (this process's rows) and reference pairs of 'validation' and 'test'."""
+  evals, references = {}, {}
+  for name in ("validation", "test"):
+    references[name] = reader.read_pairs(name)
+    s, t = tokenize_pairs(tokenizer, references[name])
+    evals[name] = eval_batches(list(zip(s, t, strict=True)), config, batch_multiple,
+                               process_index=process_index, process_count=process_count)
+  return evals, references
+
+
 def build_pipeline(
   config: Any,
   workdir: str,
@@ -460,12 +473,8 @@ def build_pipeline(
                                     builder=builder)
   train = TrainBatches(split, config, batch_multiple=batch_multiple,
                        process_index=process_index, process_count=process_count)
-  evals, references = {}, {}
-  for name in ("validation", "test"):
-    references[name] = reader.read_pairs(name)
-    s, t = tokenize_pairs(tok, references[name])
-    evals[name] = eval_batches(list(zip(s, t, strict=True)), config, batch_multiple,
-                               process_index=process_index, process_count=process_count)
+  evals, references = evaluation_data(config, reader, tok, batch_multiple,
+                                      process_index=process_index, process_count=process_count)
   logging.info("training pairs: %s kept, %s longer than the limits; real tokens %.1f%% of the "
                "batches", f"{train.num_examples:,}", f"{train.num_dropped:,}",
                100 * train.real_token_fraction())
