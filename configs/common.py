@@ -4,7 +4,7 @@ import dataclasses
 
 from ml_collections import config_dict
 
-from transformer.model import TransformerConfig
+from transformer.model import ModelConfig
 
 
 def base_config() -> config_dict.ConfigDict:
@@ -29,8 +29,8 @@ def base_config() -> config_dict.ConfigDict:
   # Tokenized training split (flat arrays, memory-mapped); None: <workdir>/cache.
   config.data.cache_dir = config_dict.placeholder(str)
 
-  # Every field of TransformerConfig, so `TransformerConfig(**config.model)` works.
-  config.model = config_dict.ConfigDict(dataclasses.asdict(TransformerConfig()))
+  # Every field of ModelConfig, so `ModelConfig(**config.model)` works.
+  config.model = config_dict.ConfigDict(dataclasses.asdict(ModelConfig()))
 
   config.label_smoothing = 0.1
   config.optimizer = config_dict.ConfigDict()

@@ -227,7 +227,7 @@ def attention_maps(config: Any, workdir: str, sentence: str, out: str) -> dict[s
   import jax.numpy as jnp
 
   from transformer import infer
-  from transformer.models import build_model
+  from transformer.model_family import build_model
 
   model = infer.restore(config, workdir)
   tokenizer, translator, params, label = (model.tokenizer, model.translator, model.params,

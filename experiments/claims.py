@@ -111,9 +111,9 @@ class LongRangeSettings:
 
 
 def long_range_configs(s: LongRangeSettings) -> list[tuple[str, Any, Any]]:
-  """[(label, config, TransformerConfig)] for the Transformer and its equal-size LSTM."""
+  """[(label, config, ModelConfig)] for the Transformer and its equal-size LSTM."""
   from configs import numbers
-  from transformer.model import TransformerConfig
+  from transformer.model import ModelConfig
   from transformer.rnn import lstm_config_for_params
   from transformer.validate import model_config
 
@@ -135,7 +135,7 @@ def long_range_configs(s: LongRangeSettings) -> list[tuple[str, Any, Any]]:
   transformer = model_config(config)
   lstm = lstm_config_for_params(seq_len._param_count(transformer), transformer)
   lstm_config = config.copy_and_resolve_references()
-  for field in dataclasses.fields(TransformerConfig):
+  for field in dataclasses.fields(ModelConfig):
     lstm_config.model[field.name] = getattr(lstm, field.name)
   return [("transformer", config, transformer), ("lstm", lstm_config, model_config(lstm_config))]
 
@@ -147,7 +147,7 @@ def train_long_range(config: Any, mc: Any, s: LongRangeSettings, log=print) -> d
   import numpy as np
 
   from transformer import sharding as sharding_lib
-  from transformer.models import build_model
+  from transformer.model_family import build_model
   from transformer.train import Trainer
 
   mesh = sharding_lib.make_mesh(config.mesh, devices=jax.devices()[:1])

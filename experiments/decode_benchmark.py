@@ -49,8 +49,8 @@ import numpy as np
 from experiments.sweep import cpu_model
 from transformer import decode as decode_lib
 from transformer.errors import ConfigError, UserError, fail
-from transformer.model import TransformerConfig
-from transformer.models import build_model
+from transformer.model import ModelConfig
+from transformer.model_family import build_model
 from transformer.translate import init_cache
 
 Array = jax.Array
@@ -76,7 +76,7 @@ def suppress_end(logits: Array, step: Array, out_len: int) -> Array:
 
 
 def cached_decode(
-  params: Any, inputs: Array, mc: TransformerConfig, *, beam_size: int, alpha: float, out_len: int
+  params: Any, inputs: Array, mc: ModelConfig, *, beam_size: int, alpha: float, out_len: int
 ) -> Array:
   """`translate.decode_tokens` with outputs of exactly out_len tokens: int32 [b, out_len].
 
@@ -128,7 +128,7 @@ def cached_decode(
 
 
 def uncached_greedy_decode(
-  params: Any, inputs: Array, mc: TransformerConfig, *, out_len: int
+  params: Any, inputs: Array, mc: ModelConfig, *, out_len: int
 ) -> Array:
   """Greedy decoding that re-runs the decoder on the whole prefix at every step.
 
@@ -169,7 +169,7 @@ def exact_length(tokens: np.ndarray) -> bool:
 
 
 def _check_args(
-  mc: TransformerConfig,
+  mc: ModelConfig,
   batch_size: int,
   src_len: int,
   out_len: int,

@@ -169,7 +169,7 @@ def accelerator_batches_per_second(config: Any) -> dict[str, float]:
   import jax
   import jax.numpy as jnp
 
-  from transformer.models import build_model
+  from transformer.model_family import build_model
   from transformer.validate import model_config
 
   mc = model_config(config)

@@ -87,14 +87,14 @@ DEFAULT_CONFIG = "configs/numbers.py"
 
 
 def model_setup(base: Any, kind: str, max_len: int) -> tuple[Any, Any]:
-  """(config, TransformerConfig) of one model of the cost measurement.
+  """(config, ModelConfig) of one model of the cost measurement.
 
   kind: an attention implementation (the Transformer of `base`), 'lstm' (the LSTM with the
   Transformer's parameter count) or 'lstm_noattn' (the same without attention). `base` is a
   config (e.g. configs/numbers.py); the data vocabulary is set to the model's, and
   model.max_len to at least `max_len`.
   """
-  from transformer.model import TransformerConfig
+  from transformer.model import ModelConfig
   from transformer.rnn import lstm_config_for_params
   from transformer.validate import model_config
 
@@ -113,7 +113,7 @@ def model_setup(base: Any, kind: str, max_len: int) -> tuple[Any, Any]:
       target = _param_count(transformer)
       base_lstm = dataclasses.replace(transformer, lstm_attention=kind == "lstm")
       lstm = lstm_config_for_params(target, base_lstm)
-      for field in dataclasses.fields(TransformerConfig):
+      for field in dataclasses.fields(ModelConfig):
         config.model[field.name] = getattr(lstm, field.name)
     else:
       raise ValueError(f"unknown model kind {kind!r}: use xla, chunked, cudnn, lstm or "
@@ -127,7 +127,7 @@ def _param_count(mc: Any) -> int:
   import jax.numpy as jnp
   import numpy as np
 
-  from transformer.models import build_model
+  from transformer.model_family import build_model
 
   tokens = jnp.ones((1, 2), jnp.int32)
   shapes = jax.eval_shape(lambda: build_model(mc).init(jax.random.key(0), tokens, tokens))

@@ -231,7 +231,7 @@ def param_count(config: Any) -> int:
   import jax.numpy as jnp
   import numpy as np
 
-  from transformer.models import build_model
+  from transformer.model_family import build_model
   from transformer.validate import model_config
 
   model = build_model(model_config(config))

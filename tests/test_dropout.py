@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from transformer import dropout
-from transformer.model import TransformerConfig
+from transformer.model import ModelConfig
 
 
 @pytest.mark.parametrize("bits", dropout.MASK_BITS)
@@ -61,4 +61,4 @@ def test_bad_bits_are_rejected():
   with pytest.raises(ValueError, match="bits"):
     dropout.keep_mask(jax.random.key(0), 0.1, (4, 4), bits=4)
   with pytest.raises(ValueError, match="model.dropout_mask_bits"):
-    TransformerConfig(dropout_mask_bits=12)
+    ModelConfig(dropout_mask_bits=12)

@@ -337,10 +337,10 @@ def _reference_weights(record):
 
 
 def test_attention_weights_match_float64_numpy():
-  from transformer.model import TransformerConfig
-  from transformer.models import build_model
+  from transformer.model import ModelConfig
+  from transformer.model_family import build_model
 
-  cfg = TransformerConfig(vocab_size=24, num_layers=2, d_model=16, d_ff=32, num_heads=4,
+  cfg = ModelConfig(vocab_size=24, num_layers=2, d_model=16, d_ff=32, num_heads=4,
                           dropout_rate=0.0, max_len=32, dtype="float32")
   model = build_model(cfg)
   src = jnp.array([[5, 6, 7, 8, 1, 0, 0], [9, 10, 1, 0, 0, 0, 0]], jnp.int32)

@@ -13,14 +13,14 @@ from configs import wmt
 from transformer.model import (
   Encoder,
   FeedForward,
+  ModelConfig,
   MultiHeadAttention,
   Transformer,
-  TransformerConfig,
   sinusoidal_positions,
 )
 from transformer.translate import init_cache
 
-TINY = TransformerConfig(vocab_size=40, num_layers=2, d_model=32, d_ff=64, num_heads=4,
+TINY = ModelConfig(vocab_size=40, num_layers=2, d_model=32, d_ff=64, num_heads=4,
                          max_len=32, dropout_rate=0.0)
 
 
@@ -78,7 +78,7 @@ def _count_params(cfg):
 
 @pytest.mark.parametrize("variant,expected_millions", [("base", 63), ("big", 214)])
 def test_parameter_counts_of_the_paper_models(variant, expected_millions):
-  cfg = TransformerConfig(**wmt.get_config(variant).model)
+  cfg = ModelConfig(**wmt.get_config(variant).model)
   n = _count_params(cfg)
   assert abs(n / 1e6 - expected_millions) < 1.0, n
 
@@ -114,7 +114,7 @@ def test_cached_decoding_equals_full_forward(scan_layers, positional):
 
 @pytest.mark.parametrize("heads", [1, 2, 4, 8, 16, 32])
 def test_every_head_count_builds_and_runs(heads):
-  cfg = TransformerConfig(vocab_size=64, num_layers=1, d_model=512, d_ff=64, num_heads=heads,
+  cfg = ModelConfig(vocab_size=64, num_layers=1, d_model=512, d_ff=64, num_heads=heads,
                           max_len=16, dropout_rate=0.0)
   src = jnp.ones((1, 5), jnp.int32)
   variables = _init(cfg, src, src)
@@ -126,7 +126,7 @@ def test_every_head_count_builds_and_runs(heads):
 
 def test_head_count_that_does_not_divide_d_model_names_num_heads():
   with pytest.raises(ValueError, match="num_heads"):
-    TransformerConfig(d_model=512, num_heads=7)
+    ModelConfig(d_model=512, num_heads=7)
 
 
 def test_bfloat16_compute_keeps_float32_params_and_stays_close():
@@ -202,7 +202,7 @@ def test_modules_work_from_nnx_through_the_bridge():
 
 
 def test_auto_dtype_is_float32_on_cpu_and_bfloat16_on_accelerators(monkeypatch):
-  cfg = TransformerConfig(dtype="auto")
+  cfg = ModelConfig(dtype="auto")
   assert cfg.compute_dtype == jnp.float32  # the tests run on CPU
   monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
   assert cfg.compute_dtype == jnp.bfloat16

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from transformer import decode as decode_lib
-from transformer.model import Transformer, TransformerConfig, shift_right
+from transformer.model import ModelConfig, Transformer, shift_right
 from transformer.rnn import LSTMSeq2Seq, lstm_config_for_params, lstm_param_count
 
-TINY = TransformerConfig(
+TINY = ModelConfig(
   vocab_size=40, num_layers=2, d_model=24, d_ff=64, num_heads=4, max_len=32, dropout_rate=0.0
 )
 # XLA's CPU backend optimisations roughly double the compile time of the LSTM scans and their
@@ -287,7 +287,7 @@ def test_bfloat16_compute_stays_close_to_float32():
 
 
 def test_config_for_params_matches_a_transformer_within_5_percent():
-  base = TransformerConfig(
+  base = ModelConfig(
     vocab_size=64, num_layers=2, d_model=32, d_ff=128, num_heads=4, max_len=32
   )
   shapes = jax.eval_shape(

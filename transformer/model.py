@@ -31,8 +31,9 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 @dataclasses.dataclass(frozen=True)
-class TransformerConfig:
-  """Hyperparameters of the model; field names follow the paper (Table 3)."""
+class ModelConfig:
+  """Hyperparameters of a model family (`kind`: the Transformer, or the LSTM baseline of
+  rnn.py, which reads the shared fields); names follow the paper (Table 3)."""
 
   vocab_size: int = 37000
   num_layers: int = 6  # N, for the encoder and for the decoder
@@ -95,6 +96,10 @@ class TransformerConfig:
       # Mixed precision where the hardware has fast bfloat16 matmuls; CPUs mostly do not.
       return jnp.dtype(jnp.bfloat16 if jax.default_backend() in ("gpu", "tpu") else jnp.float32)
     return jnp.dtype(self.dtype)
+
+
+# The name used before the LSTM baseline shared this config; kept for existing code.
+TransformerConfig = ModelConfig
 
 
 def _init(names: tuple[str | None, ...], init: Callable | None = None):
@@ -268,7 +273,7 @@ class FeedForward(nn.Module):
     )(h)
 
 
-def make_dropout(cfg: TransformerConfig) -> dropout_lib.Dropout:
+def make_dropout(cfg: ModelConfig) -> dropout_lib.Dropout:
   """Dropout with P_drop = cfg.dropout_rate (section 5.4) and the configured mask bits."""
   return dropout_lib.Dropout(cfg.dropout_rate, cfg.dropout_mask_bits)
 
@@ -279,7 +284,7 @@ class _Sublayer(nn.Module):
   post (the paper): LayerNorm(x + Dropout(Sublayer(x))); pre: x + Dropout(Sublayer(LayerNorm(x))).
   """
 
-  config: TransformerConfig
+  config: ModelConfig
   deterministic: bool
 
   @nn.compact
@@ -296,7 +301,7 @@ class _Sublayer(nn.Module):
     return norm(x + dropout(fn(x), deterministic=self.deterministic))
 
 
-def _attention(cfg: TransformerConfig, name: str, decode: bool = False) -> MultiHeadAttention:
+def _attention(cfg: ModelConfig, name: str, decode: bool = False) -> MultiHeadAttention:
   return MultiHeadAttention(
     num_heads=cfg.num_heads, d_model=cfg.d_model, head_dim=cfg.head_dim,
     dropout_rate=cfg.attention_dropout_rate, dropout_bits=cfg.dropout_mask_bits,
@@ -305,14 +310,14 @@ def _attention(cfg: TransformerConfig, name: str, decode: bool = False) -> Multi
   )
 
 
-def _feed_forward(cfg: TransformerConfig) -> FeedForward:
+def _feed_forward(cfg: ModelConfig) -> FeedForward:
   return FeedForward(cfg.d_model, cfg.d_ff, dtype=cfg.compute_dtype, name="feed_forward")
 
 
 class EncoderLayer(nn.Module):
   """Self-attention and feed-forward sublayers. x [b, s, d], src_mask bool [b, s] -> [b, s, d]."""
 
-  config: TransformerConfig
+  config: ModelConfig
   deterministic: bool = True
   scanned: bool = False  # return (x, None) as nn.scan expects
 
@@ -337,7 +342,7 @@ class DecoderLayer(nn.Module):
   y [b, t, d], encoded [b, s, d], src_mask bool [b, s] -> [b, t, d].
   """
 
-  config: TransformerConfig
+  config: ModelConfig
   deterministic: bool = True
   decode: bool = False
   scanned: bool = False
@@ -368,7 +373,7 @@ def _remat_policy(name: str):
   }[name]
 
 
-def _layer_stack(cls, cfg: TransformerConfig, x: Array, args: tuple, **kwargs) -> Array:
+def _layer_stack(cls, cfg: ModelConfig, x: Array, args: tuple, **kwargs) -> Array:
   """Applies cfg.num_layers copies of `cls`, unrolled or under nn.scan, with optional remat."""
   if cfg.remat != "none":
     cls = nn.remat(cls, policy=_remat_policy(cfg.remat), prevent_cse=not cfg.scan_layers)
@@ -395,7 +400,7 @@ class Embed(nn.Module):
   Also the pre-softmax projection when the weights are tied (`attend`).
   """
 
-  config: TransformerConfig
+  config: ModelConfig
 
   def setup(self):
     cfg = self.config
@@ -433,7 +438,7 @@ class Embed(nn.Module):
 class Encoder(nn.Module):
   """Embeds the source and applies N encoder layers. src int [b, s] -> [b, s, d]."""
 
-  config: TransformerConfig
+  config: ModelConfig
   shared_embedding: nn.Module | None = None
 
   @nn.compact
@@ -458,7 +463,7 @@ class Decoder(nn.Module):
   -> float32 logits [b, t, V]. With `decode=True`, t = 1 and positions come from the cache.
   """
 
-  config: TransformerConfig
+  config: ModelConfig
   shared_embedding: nn.Module | None = None
   decode: bool = False
 
@@ -501,7 +506,7 @@ def shift_right(targets: Array) -> Array:
 class Transformer(nn.Module):
   """The encoder-decoder. `__call__(inputs, targets, train=False) -> logits [b, t, V]`."""
 
-  config: TransformerConfig
+  config: ModelConfig
   # Incremental decoding with a KV cache (named so as not to shadow the `decode` method).
   incremental: bool = False
 

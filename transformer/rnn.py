@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer import attention as attn_lib
-from transformer.model import TransformerConfig, make_dropout, shift_right
+from transformer.model import ModelConfig, make_dropout, shift_right
 
 Array = jax.Array
 Carry = tuple[Array, Array]  # (c, h), float32 [b, units] each
@@ -46,16 +46,16 @@ def _init(names: tuple[str | None, ...], init: Callable = _XAVIER):
   return nn.with_logical_partitioning(init, names)
 
 
-def _uses_attention(cfg: TransformerConfig) -> bool:
+def _uses_attention(cfg: ModelConfig) -> bool:
   return bool(getattr(cfg, "lstm_attention", True))
 
 
-def _check(cfg: TransformerConfig) -> None:
+def _check(cfg: ModelConfig) -> None:
   if cfg.d_model < 2:
     raise ValueError(f"model.d_model must be >= 2 for the bidirectional encoder, got {cfg.d_model}")
 
 
-def _cell(cfg: TransformerConfig, units: int, name: str) -> nn.OptimizedLSTMCell:
+def _cell(cfg: ModelConfig, units: int, name: str) -> nn.OptimizedLSTMCell:
   # Named here, in the enclosing module, so parameters read layer_0/ii/kernel etc.
   return nn.OptimizedLSTMCell(
     units,
@@ -78,7 +78,7 @@ class TokenEmbed(nn.Module):
   Also the pre-softmax projection when the weights are tied (`attend`).
   """
 
-  config: TransformerConfig
+  config: ModelConfig
 
   def setup(self):
     cfg = self.config
@@ -109,7 +109,7 @@ class LSTMEncoder(nn.Module):
   the rest the backward direction.
   """
 
-  config: TransformerConfig
+  config: ModelConfig
   shared_embedding: nn.Module | None = None
 
   @nn.compact
@@ -160,7 +160,7 @@ class LSTMDecoder(nn.Module):
   t >= 1 may be fed at once.
   """
 
-  config: TransformerConfig
+  config: ModelConfig
   shared_embedding: nn.Module | None = None
   decode: bool = False
 
@@ -267,7 +267,7 @@ class LSTMSeq2Seq(nn.Module):
   feed-forward fields are ignored.
   """
 
-  config: TransformerConfig
+  config: ModelConfig
   incremental: bool = False  # keep the decoder's LSTM states in the 'cache' collection
 
   def setup(self):
@@ -303,7 +303,7 @@ class LSTMSeq2Seq(nn.Module):
     return self.decode(encoded, inputs, targets, train)
 
 
-def lstm_param_count(config: TransformerConfig) -> int:
+def lstm_param_count(config: ModelConfig) -> int:
   """Number of parameters of LSTMSeq2Seq(config), from `jax.eval_shape` of `init`.
 
   Exact but not free: tracing costs about 0.2 s per LSTM layer and direction.
@@ -315,7 +315,7 @@ def lstm_param_count(config: TransformerConfig) -> int:
   return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nn.unbox(shapes)))
 
 
-def _formula_param_count(cfg: TransformerConfig, d: int) -> int:
+def _formula_param_count(cfg: ModelConfig, d: int) -> int:
   """lstm_param_count with d_model = d, in closed form (checked against it by the caller)."""
   cell = lambda inputs, units: 4 * (inputs * units + units * units + units)  # W_i, W_h, b
   n = cfg.num_layers * (cell(d, d - d // 2) + cell(d, d // 2))  # encoder, both directions
@@ -326,11 +326,11 @@ def _formula_param_count(cfg: TransformerConfig, d: int) -> int:
   return n
 
 
-def lstm_config_for_params(target_params: int, base: TransformerConfig) -> TransformerConfig:
+def lstm_config_for_params(target_params: int, base: ModelConfig) -> ModelConfig:
   """The LSTM config (kind='lstm') whose parameter count is closest to `target_params`.
 
   Only d_model is chosen; every other field comes from `base`. The attention fields of
-  TransformerConfig do not affect the LSTM, but the config must still validate, so d_kv is
+  ModelConfig do not affect the LSTM, but the config must still validate, so d_kv is
   pinned to base.head_dim when num_heads does not divide the chosen d_model.
   """
   if target_params < 1:

@@ -30,8 +30,8 @@ from transformer.checkpoint import Checkpointer, average_params
 from transformer.data import input_pipeline
 from transformer.errors import CheckpointError, ConfigError
 from transformer.metrics import MetricWriter, summarize
-from transformer.model import TransformerConfig
-from transformer.models import build_model
+from transformer.model import ModelConfig
+from transformer.model_family import build_model
 from transformer.prefetch import Prefetcher
 from transformer.train_state import TrainState, make_eval_step, make_optimizer, make_train_step
 from transformer.translate import Translator
@@ -41,7 +41,7 @@ from transformer.validate import validate
 class Trainer:
   """Model, optimiser, mesh and the jitted, sharded init / train / eval functions."""
 
-  def __init__(self, config: Any, mesh: jax.sharding.Mesh, model_config: TransformerConfig):
+  def __init__(self, config: Any, mesh: jax.sharding.Mesh, model_config: ModelConfig):
     self.config = config
     self.mesh = mesh
     self.model_config = model_config
@@ -133,7 +133,7 @@ def bleu_on(translator: Translator, params: Any, tokenizer, pairs: list[tuple[st
   return result, hyps
 
 
-def run_meta(config: Any, model_config: TransformerConfig, vocab_path: str) -> dict[str, Any]:
+def run_meta(config: Any, model_config: ModelConfig, vocab_path: str) -> dict[str, Any]:
   """What a checkpoint must agree on with the run that restores it."""
   vocab_sha = hashlib.sha256(storage.as_path(vocab_path).read_bytes()).hexdigest()
   model = dataclasses.asdict(model_config)
@@ -244,7 +244,7 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
     return _train_and_evaluate(config, workdir, model_config, reader, stop)
 
 
-def _train_and_evaluate(config: Any, workdir: str, model_config: TransformerConfig,
+def _train_and_evaluate(config: Any, workdir: str, model_config: ModelConfig,
                         reader: Any, stop: _StopSignal) -> dict[str, Any]:
   mesh = sharding_lib.make_mesh(config.mesh)
   data = input_pipeline.build_pipeline(

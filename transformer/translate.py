@@ -16,13 +16,13 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from transformer import decode as decode_lib
 from transformer import sharding as sharding_lib
-from transformer.model import TransformerConfig
-from transformer.models import build_model
+from transformer.model import ModelConfig
+from transformer.model_family import build_model
 
 Array = jax.Array
 
 
-def init_cache(model_config: TransformerConfig, batch: int, src_len: int, max_len: int) -> Any:
+def init_cache(model_config: ModelConfig, batch: int, src_len: int, max_len: int) -> Any:
   """A zero cache for `batch` rows and outputs of up to `max_len` tokens (no FLOPs spent)."""
   model = build_model(model_config, incremental=True)
   shapes = jax.eval_shape(
@@ -34,7 +34,7 @@ def init_cache(model_config: TransformerConfig, batch: int, src_len: int, max_le
   return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
 
-def decode_tokens(params: Any, inputs: Array, model_config: TransformerConfig, *, beam_size: int,
+def decode_tokens(params: Any, inputs: Array, model_config: ModelConfig, *, beam_size: int,
                   alpha: float, max_extra_len: int, max_len: int) -> Array:
   """Translations of `inputs` int32 [b, s] (0-padded, EOS-terminated) -> int32 [b, max_len].
 
@@ -73,7 +73,7 @@ def decode_tokens(params: Any, inputs: Array, model_config: TransformerConfig, *
 class Translator:
   """Jitted batched translation of token ids and of text, sharded over the mesh's batch axes."""
 
-  def __init__(self, model_config: TransformerConfig, decode_config: Any, mesh: Mesh,
+  def __init__(self, model_config: ModelConfig, decode_config: Any, mesh: Mesh,
                param_shardings: Any, bucket_lengths: Sequence[int] = ()):
     self.model_config = model_config
     self.mesh = mesh

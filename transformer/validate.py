@@ -7,8 +7,8 @@ from typing import Any
 
 from transformer import sharding as sharding_lib
 from transformer.errors import ConfigError
-from transformer.model import TransformerConfig
-from transformer.models import KINDS
+from transformer.model import ModelConfig
+from transformer.model_family import KINDS
 
 DATASETS = ("numbers", "wmt14")
 NONFINITE = ("skip", "stop")
@@ -39,17 +39,17 @@ def _get(config: Any, field: str) -> Any:
   return node
 
 
-def model_config(config: Any) -> TransformerConfig:
-  """TransformerConfig(**config.model), with its ValueErrors as ConfigErrors."""
+def model_config(config: Any) -> ModelConfig:
+  """ModelConfig(**config.model), with its ValueErrors as ConfigErrors."""
   try:
-    return TransformerConfig(**config.model)
+    return ModelConfig(**config.model)
   except TypeError as e:
     raise ConfigError(f"model: {e}") from None
   except ValueError as e:
     raise ConfigError(str(e)) from None
 
 
-def validate(config: Any, num_devices: int) -> TransformerConfig:
+def validate(config: Any, num_devices: int) -> ModelConfig:
   """Checks every field; returns the model config. Raises ConfigError (one line)."""
   if _get(config, "dataset") not in DATASETS:
     raise ConfigError(f"dataset={config.dataset!r}: must be one of {', '.join(DATASETS)}")

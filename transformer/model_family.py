@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import flax.linen as nn
 
-from transformer.model import Transformer, TransformerConfig
+from transformer.model import ModelConfig, Transformer
 
 KINDS = ("transformer", "lstm")
 
 
-def build_model(config: TransformerConfig, incremental: bool = False) -> nn.Module:
+def build_model(config: ModelConfig, incremental: bool = False) -> nn.Module:
   """The module for `config.kind`; `incremental=True` gives the KV-cache decoding variant."""
   if config.kind == "transformer":
     return Transformer(config, incremental=incremental)
