@@ -10,7 +10,7 @@ step, then runs warm-up steps and `--steps` timed steps on random token batches 
 [2, vocab), no padding). In the same run it measures the machine's float32 matmul rate, so that
 the step can be reported as a fraction of it. The last line printed is one JSON object.
 
-Measurements follow the PyTorch peer (`shared/peers/torch_transformer_step.py`) so the two are
+Measurements follow the project's PyTorch peer (`experiments/torch_peer.py`) so the two are
 comparable in one session:
   - step_s is the BEST of the timed steps (the peer's `min`); the median is reported too.
     Each step is synchronised (`block_until_ready`) before its clock stops.

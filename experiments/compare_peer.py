@@ -1,24 +1,27 @@
 """Our training step against the PyTorch peer, alternated in one session, with ratios.
 
-    python -m experiments.compare_peer --peer_python=/path/to/torch/env/bin/python
+    python -m venv /tmp/torch-peer && /tmp/torch-peer/bin/pip install -r requirements-peer.txt
+    python -m experiments.compare_peer --peer_python=/tmp/torch-peer/bin/python
 
 For each of `--rounds` rounds, runs `python -m experiments.benchmark` once per variant, each
-followed by one run of the peer (`shared/peers/torch_transformer_step.py`, torch.nn.Transformer
-at the same shapes: vocabulary 8192, d_model 512, 6 + 6 layers, 8 heads, d_ff 2048, batch 32 x
-64 source + 64 target tokens, dropout 0.1, label smoothing 0.1). Alternating spreads the load
-of a shared machine over both programs alike. Every JSON line goes to `--out`.jsonl, and the
-table (best of the rounds for each side, the ratio of those bests, the fractions of each
-framework's own matmul rate measured in the same run, memory from XLA) to `--out`.md.
+followed by one run of the peer (`experiments/torch_peer.py` by default: torch.nn.Transformer
+at the same shapes, vocabulary 8192, d_model 512, 6 + 6 layers, 8 heads, d_ff 2048, batch 32 x
+64 source + 64 target tokens, dropout 0.1, label smoothing 0.1; `--peer_flags` are passed on to
+it). Alternating spreads the load of a shared machine over both programs alike. Every JSON line
+goes to `--out`.jsonl, and the table (best of the rounds for each side, the ratio of those
+bests, the fractions of each framework's own matmul rate measured in the same run, memory from
+XLA) to `--out`.md. The command written in the table shows the peer's Python as `PY`.
 
-The peer needs PyTorch, which is not in requirements.txt: install it in a separate virtual
-environment (`python -m venv /tmp/torch-peer && /tmp/torch-peer/bin/pip install torch
---index-url https://download.pytorch.org/whl/cpu numpy`).
+The peer needs PyTorch, which is not in requirements.txt: install requirements-peer.txt in a
+separate virtual environment (the first line above) and pass its Python as `--peer_python`.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 import time
@@ -29,8 +32,8 @@ from absl import app, flags
 from experiments import sweep as sweep_lib
 from transformer.errors import fail
 
-PEER = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "peers",
-                    "torch_transformer_step.py")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PEER = os.path.join(ROOT, "experiments", "torch_peer.py")
 BASE = [
   "--config=configs/wmt.py:base", "--config.model.dtype=float32",
   "--config.model.vocab_size=8192", "--config.mesh.data=1",
@@ -50,7 +53,8 @@ DESCRIPTIONS = {
 
 _PEER_PYTHON = flags.DEFINE_string("peer_python", os.environ.get("PEER_PYTHON", ""),
                                    "Python with torch installed (or $PEER_PYTHON).")
-_PEER = flags.DEFINE_string("peer", PEER, "The peer's script.")
+_PEER = flags.DEFINE_string("peer", PEER, "The peer's script (experiments/torch_peer.py).")
+_PEER_FLAGS = flags.DEFINE_list("peer_flags", [], "Extra flags of the peer, e.g. its shapes.")
 _BENCHMARK_FLAGS = flags.DEFINE_list(
   "benchmark_flags", BASE, "Flags of experiments.benchmark shared by every variant (the "
   "peer's shapes by default).")
@@ -103,6 +107,27 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
   return rows
 
 
+def _public_path(path: str) -> str:
+  """A path inside the repository relative to it; any other by its last component."""
+  if os.path.commonpath([ROOT, os.path.abspath(path)]) == ROOT:
+    return os.path.relpath(path, ROOT)
+  return os.path.basename(path)
+
+
+def public_command(command: str) -> str:
+  """The command without this machine's paths, for the report: the peer's Python as PY, and
+  every absolute path (after `=` or `,`, or a whole word) through `_public_path`."""
+  words = shlex.split(command)
+  for i, word in enumerate(words):
+    if word.startswith("--peer_python="):
+      words[i] = "--peer_python=PY"
+    elif i and words[i - 1] == "--peer_python":
+      words[i] = "PY"
+    else:
+      words[i] = re.sub(r"(^|[=,])(/[^=,]+)", lambda m: m[1] + _public_path(m[2]), word)
+  return shlex.join(words)
+
+
 def report(records: list[dict[str, Any]], command: str) -> str:
   rows = summarize(records)
   ours0 = next(r for r in records if r["program"] == "ours")
@@ -128,6 +153,8 @@ def report(records: list[dict[str, Any]], command: str) -> str:
     f"{ours0['model_flops_per_step']:,} (ours) and {peer0['model_flops_per_step']:,} (peer), "
     "by the same formula.\n",
     "## Command\n", f"```\n{command}\n```\n",
+    "`PY`: a Python with torch (requirements-peer.txt). The peer's script: "
+    f"`{_public_path(_PEER.value)}`.\n",
     "## Machine\n", sweep_lib.hardware_markdown(sweep_lib.hardware()),
     f"- Peer: torch {peer0.get('torch', '?')}, {peer0.get('threads', '?')} threads. "
     f"Load average (1 min) at the start of the runs: {min(loads):.2f} to {max(loads):.2f}.\n",
@@ -154,7 +181,8 @@ def main(argv: list[str]) -> None:
           ("ours", [sys.executable, "-m", "experiments.benchmark", *_BENCHMARK_FLAGS.value,
                     *VARIANTS[name],
                     f"--steps={_STEPS.value}"]),
-          ("peer", [_PEER_PYTHON.value, _PEER.value, "--repeats", str(_STEPS.value)]),
+          ("peer", [_PEER_PYTHON.value, _PEER.value, "--repeats", str(_STEPS.value),
+                    *_PEER_FLAGS.value]),
         ):
           t = time.time()
           record = {"variant": name, "program": program, "round": round_, **_run(cmd)}
@@ -164,7 +192,7 @@ def main(argv: list[str]) -> None:
           print(f"[compare_peer] round {round_ + 1}/{_ROUNDS.value} {name:14s} {program}: "
                 f"{record['tokens_per_s']:.0f} tokens/s ({time.time() - t:.0f} s)", flush=True)
   with open(_OUT.value + ".md", "w") as f:
-    f.write(report(records, sweep_lib.command_line()))
+    f.write(report(records, public_command(sweep_lib.command_line())))
   for r in summarize(records):
     print(f"[compare_peer] {r['variant']}: ours {r['ours_best']:.0f} / peer {r['peer_best']:.0f} "
           f"tokens/s = {r['ratio']:.2f}x")

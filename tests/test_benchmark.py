@@ -184,3 +184,77 @@ def test_compare_peer_needs_a_peer_python():
     cwd=ROOT, capture_output=True, text=True, timeout=120, env={**os.environ, "PEER_PYTHON": ""},
   )
   assert proc.returncode == 2 and "--peer_python" in proc.stderr
+
+
+# The PyTorch peer (experiments/torch_peer.py). Its real run needs torch, which the project's
+# environment does not have; these checks run without it.
+PEER_SCRIPT = os.path.join(ROOT, "experiments", "torch_peer.py")
+NO_TORCH = "import sys; sys.modules['torch'] = None; "  # `import torch` raises ImportError
+
+
+@pytest.mark.parametrize("shape", [
+  (512, 2048, 6, 8192, 32, 64, 64),  # the base model at the benchmark's shapes
+  (1024, 4096, 6, 37000, 8, 100, 90),  # big, S != T
+  (32, 64, 1, VOCAB, B, S, T),
+  (8, 16, 3, 5, 1, 1, 7),
+])
+def test_torch_peer_flops_match_the_benchmark(shape):
+  from experiments import torch_peer
+
+  assert torch_peer.model_flops_per_step(*shape) == benchmark.model_flops_per_step(*shape)
+
+
+def test_torch_peer_runs_without_torch_or_jax_until_main():
+  """Importing it and parsing its flags need neither torch nor JAX; main without torch is a
+  one-line error naming requirements-peer.txt (exit 2), and so is a bad flag."""
+  probe = (NO_TORCH + "import json, experiments.torch_peer as p; a = p.parse_args([]); "
+           "loaded = [m for m in ('jax', 'torch') if sys.modules.get(m)]; "
+           "print(json.dumps([vars(a), loaded]))")
+  proc = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True,
+                        timeout=60)
+  assert proc.returncode == 0, proc.stderr
+  args, imported = json.loads(proc.stdout)
+  assert imported == []
+  base = {"vocab": 8192, "d_model": 512, "layers": 6, "heads": 8, "d_ff": 2048, "dropout": 0.1,
+          "label_smoothing": 0.1, "batch_size": 32, "src_len": 64, "tgt_len": 64}
+  assert {k: args[k] for k in base} == base
+
+  run_main = NO_TORCH + ("import runpy; sys.argv[:1] = []; "
+                         "runpy.run_path(sys.argv[0], run_name='__main__')")
+  proc = subprocess.run([sys.executable, "-c", run_main, PEER_SCRIPT, "--repeats", "1"],
+                        cwd=ROOT, capture_output=True, text=True, timeout=60)
+  assert proc.returncode == 2 and "requirements-peer.txt" in proc.stderr, proc.stderr
+  for bad in (["--heads", "3"], ["--repeats", "0"], ["--dropout", "1.5"]):
+    proc = subprocess.run([sys.executable, PEER_SCRIPT, *bad], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2 and bad[0] in proc.stderr, (bad, proc.stderr)
+
+
+def test_compare_peer_uses_the_repository_peer_and_writes_no_local_paths():
+  probe = (
+    "import json, sys; from experiments import compare_peer as c; print(json.dumps([c.PEER, "
+    "c.public_command(sys.argv[1]), c.public_command(sys.argv[2])]))")
+  cmd1 = (f"python -m experiments.compare_peer --peer_python=/opt/env/bin/python "
+          f"--peer={PEER_SCRIPT} --out=/scratch/run/cmp --rounds=1")
+  cmd2 = (f"python -m experiments.compare_peer --peer_python /opt/env/bin/python "
+          f"--benchmark_flags=--config={ROOT}/configs/wmt.py:tiny,--batch_size=8")
+  proc = subprocess.run([sys.executable, "-c", probe, cmd1, cmd2], cwd=ROOT,
+                        capture_output=True, text=True, timeout=60)
+  assert proc.returncode == 0, proc.stderr
+  peer, public1, public2 = json.loads(proc.stdout)
+  assert os.path.samefile(peer, PEER_SCRIPT)
+  assert public1 == ("python -m experiments.compare_peer --peer_python=PY "
+                     "--peer=experiments/torch_peer.py --out=cmp --rounds=1")
+  assert public2 == ("python -m experiments.compare_peer --peer_python PY "
+                     "--benchmark_flags=--config=configs/wmt.py:tiny,--batch_size=8")
+
+
+def test_the_peer_comparison_points_nowhere_outside_the_repository():
+  """The peer used to live outside the repository (`../../shared/peers/...`)."""
+  for name in ("experiments/compare_peer.py", "experiments/torch_peer.py",
+               "experiments/results/benchmark.md", "experiments/results/benchmark_vs_peer.md",
+               "experiments/results/benchmark_vs_peer.jsonl"):
+    with open(os.path.join(ROOT, name), encoding="utf-8") as f:
+      text = f.read()
+    for outside in ("shared/peers", "torch_transformer_step", "/work/", '"..", ".."'):
+      assert outside not in text, (name, outside)

@@ -195,20 +195,33 @@ def every(step: int, period: int, last: int) -> bool:
 
 
 class Meter:
-  """Throughput and host-time bookkeeping between two log lines."""
+  """Throughput and host-time bookkeeping between two log lines.
+
+  A step's metrics are fetched from the device one step late (`step`), so that the host never
+  waits for the step it has just dispatched.
+  """
 
   def __init__(self, step: int):
+    self._pending = None
     self.reset(step)
 
   def reset(self, step: int) -> None:
     self.start_time, self.start_step, self.host_time = time.time(), step, 0.0
     self.sums: dict[str, float] = {}
 
-  def add(self, metrics: dict[str, jax.Array]) -> None:
+  def step(self, metrics: dict[str, jax.Array]) -> None:
+    if self._pending is not None:
+      self._add(self._pending)
+    self._pending = metrics
+
+  def _add(self, metrics: dict[str, jax.Array]) -> None:
     for k, v in jax.device_get(metrics).items():
       self.sums[k] = self.sums.get(k, 0.0) + float(v)
 
   def record(self, step: int, learning_rate: float) -> dict[str, float]:
+    if self._pending is not None:
+      self._add(self._pending)
+      self._pending = None
     elapsed = max(time.time() - self.start_time, 1e-9)
     steps = max(step - self.start_step, 1)
     record = summarize(self.sums, "train")
@@ -224,6 +237,35 @@ class Meter:
       "train/host_fraction": self.host_time / elapsed,
     })
     return record
+
+
+def log_progress(record: dict[str, float], step: int, total: int) -> None:
+  eta = (total - step) / max(record["train/steps_per_s"], 1e-9)
+  logging.info("step %d/%d  loss %.4f  acc %.3f  lr %.2e  %.0f tokens/s  host %.1f%%  ETA %s",
+               step, total, record["train/loss"], record["train/accuracy"],
+               record["train/learning_rate"], record["train/tokens_per_s"],
+               100 * record["train/host_fraction"], _duration(eta))
+
+
+def restore_or_init(trainer: Trainer, checkpointer: Checkpointer, meta: dict[str, Any],
+                    seed: int, workdir: str) -> TrainState:
+  """The newest usable checkpoint's state, or a fresh one."""
+  restored = checkpointer.restore_latest(trainer.abstract_state, check_meta(meta))
+  if restored is None:
+    logging.info("Starting from scratch in %s", workdir)
+    return trainer.init_state(seed)
+  logging.info("Resumed from the checkpoint of step %d in %s", restored[1], workdir)
+  return restored[0]
+
+
+def evaluation_params(config: Any, trainer: Trainer, checkpointer: Checkpointer,
+                      params: Any) -> Any:
+  """`params`, or the mean of the last `average_last_checkpoints` checkpoints (section 6.1)."""
+  if config.average_last_checkpoints <= 1:
+    return params
+  steps = checkpointer.all_steps()[-config.average_last_checkpoints:]
+  logging.info("Evaluating the average of the checkpoints of steps %s", steps)
+  return average_params(checkpointer, steps, trainer.abstract_state)
 
 
 def train_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
@@ -260,13 +302,7 @@ def _train_and_evaluate(config: Any, workdir: str, model_config: ModelConfig,
   writer = None
   ahead = None
   try:
-    restored = checkpointer.restore_latest(trainer.abstract_state, check_meta(meta))
-    if restored is None:
-      state = trainer.init_state(config.seed)
-      logging.info("Starting from scratch in %s", workdir)
-    else:
-      state = restored[0]
-      logging.info("Resumed from the checkpoint of step %d in %s", restored[1], workdir)
+    state = restore_or_init(trainer, checkpointer, meta, config.seed, workdir)
     step = int(jax.device_get(state.step))
     writer = MetricWriter(workdir)
     writer.truncate_after(step)
@@ -282,32 +318,20 @@ def _train_and_evaluate(config: Any, workdir: str, model_config: ModelConfig,
       checkpointer.save(step, state, meta)
 
     # Batch i is a pure function of (seed, i), built ahead in a thread; resuming is exact.
-    ahead = Prefetcher(
-      lambda i: sharding_lib.local_batch_to_global(data.train.batch(i), mesh),
-      step, config.num_train_steps)
-    rng = jax.random.key(config.seed)
-    meter = Meter(step)
-    pending = None  # metrics of the last step, fetched one step late to keep the device busy
+    ahead = Prefetcher(lambda i: sharding_lib.local_batch_to_global(data.train.batch(i), mesh),
+                       step, config.num_train_steps)
+    rng, meter = jax.random.key(config.seed), Meter(step)
     while step < config.num_train_steps:
       t0 = time.time()
       batch = ahead.next()
       meter.host_time += time.time() - t0
       state, metrics = trainer.train_step(state, batch, rng)
+      meter.step(metrics)
       step += 1
-      if pending is not None:
-        meter.add(pending)
-      pending = metrics
       if step % config.log_every_steps == 0 or step == config.num_train_steps:
-        meter.add(pending)
-        pending = None
         record = meter.record(step, trainer.learning_rate(step - 1))
         writer.write(step, record)
-        eta = (config.num_train_steps - step) / max(record["train/steps_per_s"], 1e-9)
-        logging.info(
-          "step %d/%d  loss %.4f  acc %.3f  lr %.2e  %.0f tokens/s  host %.1f%%  ETA %s",
-          step, config.num_train_steps, record["train/loss"], record["train/accuracy"],
-          record["train/learning_rate"], record["train/tokens_per_s"],
-          100 * record["train/host_fraction"], _duration(eta))
+        log_progress(record, step, config.num_train_steps)
         check_nonfinite(config, state)
         meter.reset(step)
       if every(step, config.eval_every_steps, config.num_train_steps):
@@ -331,11 +355,7 @@ def _train_and_evaluate(config: Any, workdir: str, model_config: ModelConfig,
     ahead.close()
     save(step, state)
     checkpointer.wait()
-    params = state.params
-    if config.average_last_checkpoints > 1:  # section 6.1: the mean of the last checkpoints
-      steps = checkpointer.all_steps()[-config.average_last_checkpoints:]
-      params = average_params(checkpointer, steps, trainer.abstract_state)
-      logging.info("Evaluating the average of the checkpoints of steps %s", steps)
+    params = evaluation_params(config, trainer, checkpointer, state.params)
     final = final_evaluation(config, trainer, translator, params, data.tokenizer, data.eval,
                              data.references, workdir, step)
     writer.write(step, {k: v for k, v in final.items() if isinstance(v, float)})
