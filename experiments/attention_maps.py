@@ -34,6 +34,8 @@ from typing import Any
 import numpy as np
 from absl import app
 
+from experiments import report
+from experiments.sweep import define_flag
 from transformer.errors import fail
 
 _F = types.SimpleNamespace()  # the command-line flags, once define_flags() ran
@@ -41,8 +43,6 @@ _F = types.SimpleNamespace()  # the command-line flags, once define_flags() ran
 
 def define_flags() -> None:
   """Defines this command's flags (only when it runs, so modules import together)."""
-  from experiments.sweep import define_flag
-
   _F.config = define_flag("config_file", "config", None, "Config of the trained model.")
   _F.workdir = define_flag("string", "workdir", None, "Workdir: checkpoint and vocabulary.")
   _F.sentence = define_flag("string", "sentence", "three hundred and forty-seven",
@@ -186,16 +186,11 @@ def token_labels(tokenizer: Any, ids: list[int]) -> list[str]:
 def plot(attn: list[dict[str, Any]], src_labels: list[str], tgt_in_labels: list[str],
          tgt_out_labels: list[str], title: str, path: str) -> None:
   """One row per (kind, layer), one column per head."""
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
   heads = max(m["weights"].shape[0] for m in attn)
   rows = len(attn)
   size = 1.2 + 0.16 * max(len(src_labels), len(tgt_in_labels))
-  fig, axes = plt.subplots(rows, heads, figsize=(size * heads + 1.5, size * rows + 0.8),
-                           squeeze=False)
+  fig, axes = report.figure(rows, heads, figsize=(size * heads + 1.5, size * rows + 0.8),
+                            squeeze=False)
   for i, m in enumerate(attn):
     if m["kind"] == KINDS[0]:
       ylab, xlab = src_labels, src_labels
@@ -216,10 +211,7 @@ def plot(attn: list[dict[str, Any]], src_labels: list[str], tgt_in_labels: list[
       if h == 0:
         ax.set_ylabel(f"{m['kind']}\nlayer {m['layer']}", fontsize=8)
   fig.suptitle(title, fontsize=10)
-  fig.tight_layout()
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  report.save_figure(fig, path, dpi=110)
 
 
 def attention_maps(config: Any, workdir: str, sentence: str, out: str) -> dict[str, Any]:
@@ -256,8 +248,6 @@ def attention_maps(config: Any, workdir: str, sentence: str, out: str) -> dict[s
 
 def write_markdown(result: dict[str, Any], config: Any) -> str:
   """`<out>.md` beside the PNG: the command, the model, the machine."""
-  from experiments import sweep as sweep_lib
-
   path = os.path.splitext(result["path"])[0] + ".md"
   m = config.model
   workdir = result["workdir"]
@@ -274,8 +264,8 @@ def write_markdown(result: dict[str, Any], config: Any) -> str:
     f"- Source: \"{result['sentence']}\" -> pieces {' '.join(result['source_pieces'])}",
     f"- Model's translation: \"{result['translation']}\" -> pieces "
     f"{' '.join(result['output_pieces'])}\n",
-    "## Command\n", f"```\n{sweep_lib.command_line()}\n```\n",
-    "## Machine\n", sweep_lib.hardware_markdown(sweep_lib.hardware()),
+    "## Command\n", f"```\n{report.command_line()}\n```\n",
+    "## Machine\n", report.hardware_markdown(report.hardware()),
     f"![attention maps]({os.path.basename(result['path'])})\n",
   ]
   with open(path, "w") as f:

@@ -14,13 +14,13 @@ Measurements follow the project's PyTorch peer (`experiments/torch_peer.py`) so 
 comparable in one session:
   - step_s is the BEST of the timed steps (the peer's `min`); the median is reported too.
     Each step is synchronised (`block_until_ready`) before its clock stops.
-  - model_flops_per_step uses the peer's formula (`model_flops_per_step` below).
+  - model_flops_per_step uses the peer's formula (`measure.model_flops_per_step`).
   - step_cpu_s is the least CPU time (all threads of this process) of a timed step: on a
     shared machine it moves less with other processes' load than the wall time does.
   - matmul_flops_per_s is the best of `--matmul_repeats` jitted `jnp.dot`s of two float32
     [n, n] matrices (n = `--matmul_size`, 2048 as the peer), after two warm-up products.
 
-Memory fields come from `Compiled.memory_analysis()` (per device, bytes):
+Memory fields come from `Compiled.memory_analysis()` (per device, bytes; `measure.memory_stats`):
   - temp_memory_bytes: XLA's temporary buffers (activations kept for the backward pass,
     gradients, workspace), excluding arguments and outputs.
   - peak_memory_bytes: arguments + outputs - aliased + temp, i.e. the inputs (parameters,
@@ -40,13 +40,12 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import time
 from typing import Any
 
 from absl import app, flags
 from ml_collections import config_flags
 
-from experiments.sweep import cpu_model
+from experiments import measure, report
 from transformer.errors import fail
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -73,100 +72,6 @@ _PRNG_IMPL = flags.DEFINE_enum(
 FLAGS = flags.FLAGS
 
 
-def model_flops_per_step(
-  d_model: int,
-  d_ff: int,
-  num_layers: int,
-  vocab_size: int,
-  batch_size: int,
-  src_len: int,
-  tgt_len: int,
-  attn_width: int | None = None,
-) -> int:
-  """Model FLOPs of one training step, counted as the PyTorch peer counts them.
-
-  6 per parameter per token for the matrix products (2 forward, 4 backward), plus the
-  attention score (Q K^T) and mix (weights V) products, also tripled for the backward pass:
-    forward matmuls   = 2 * [B*S * L * (4 d a + 2 d f) + B*T * L * (8 d a + 2 d f) + B*T * d V]
-    forward attention = 2 * 2 * B * a * L * (S^2 + T^2 + T*S)
-    step              = 3 * (forward matmuls + forward attention)
-  where a = heads * head_dim (= d_model in the paper's configs, and in the peer). As in the
-  peer, the cross-attention key/value projections are counted per target token (exact when
-  S == T), the decoder self-attention is counted over the full T x T square although it is
-  causal, and embedding lookups, layer norms, softmax and the optimiser are not counted.
-  """
-  d, f, layers, vocab = d_model, d_ff, num_layers, vocab_size
-  a = d if attn_width is None else attn_width
-  ts, tt = batch_size * src_len, batch_size * tgt_len
-  matmul_fwd = ts * layers * (4 * d * a + 2 * d * f) * 2  # encoder projections and FFN
-  matmul_fwd += tt * layers * (8 * d * a + 2 * d * f) * 2  # decoder self + cross + FFN
-  matmul_fwd += tt * d * vocab * 2  # logits
-  attn_fwd = 2 * 2 * batch_size * a * layers * (src_len**2 + tgt_len**2 + tgt_len * src_len)
-  return 3 * (matmul_fwd + attn_fwd)
-
-
-def measure_matmul_flops(n: int = 2048, repeats: int = 5) -> float:
-  """The best float32 FLOP/s of a jitted [n, n] @ [n, n] product on the default device."""
-  import jax
-  import jax.numpy as jnp
-
-  kx, ky = jax.random.split(jax.random.key(0))
-  x = jax.random.normal(kx, (n, n), jnp.float32)
-  y = jax.random.normal(ky, (n, n), jnp.float32)
-  dot = jax.jit(jnp.dot)
-  for _ in range(2):
-    dot(x, y).block_until_ready()
-  times = []
-  for _ in range(max(repeats, 1)):
-    t = time.perf_counter()
-    dot(x, y).block_until_ready()
-    times.append(time.perf_counter() - t)
-  return 2 * n**3 / min(times)
-
-
-def random_batch(
-  rng: Any, batch_size: int, src_len: int, tgt_len: int, vocab_size: int
-) -> dict[str, Any]:
-  """Host batch of random ids in [2, vocab) (no padding, no EOS): int32 [B, S] and [B, T]."""
-  import numpy as np
-
-  return {
-    "inputs": rng.integers(2, vocab_size, size=(batch_size, src_len)).astype(np.int32),
-    "targets": rng.integers(2, vocab_size, size=(batch_size, tgt_len)).astype(np.int32),
-  }
-
-
-def memory_stats(compiled: Any) -> dict[str, int | None]:
-  """Per-device byte counts from XLA's memory analysis of a compiled program (see the header)."""
-  keys = (
-    "temp_memory_bytes",
-    "peak_memory_bytes",
-    "xla_peak_memory_bytes",
-    "argument_memory_bytes",
-    "output_memory_bytes",
-    "alias_memory_bytes",
-  )
-  m = compiled.memory_analysis()
-  if m is None:  # some backends do not report it
-    return dict.fromkeys(keys)
-  args, out, alias, temp = (
-    int(m.argument_size_in_bytes),
-    int(m.output_size_in_bytes),
-    int(m.alias_size_in_bytes),
-    int(m.temp_size_in_bytes),
-  )
-  xla_peak = getattr(m, "peak_memory_in_bytes", None)
-  values = (
-    temp,
-    args + out - alias + temp,
-    None if xla_peak is None else int(xla_peak),
-    args,
-    out,
-    alias,
-  )
-  return dict(zip(keys, values, strict=True))
-
-
 def run_benchmark(
   config: Any,
   batch_size: int,
@@ -189,7 +94,7 @@ def run_benchmark(
   from transformer.train import Trainer
   from transformer.validate import validate
 
-  for name, value, minimum in (
+  measure.check_at_least((
     ("--batch_size", batch_size, 1),
     ("--src_len", src_len, 1),
     ("--tgt_len", tgt_len, 1),
@@ -197,9 +102,7 @@ def run_benchmark(
     ("--warmup_steps", warmup_steps, 0),
     ("--matmul_size", matmul_size, 1),
     ("--matmul_repeats", matmul_repeats, 1),
-  ):
-    if value < minimum:
-      raise ConfigError(f"{name}={value}: must be >= {minimum}")
+  ))
   with config.unlocked():
     config.data.vocab_size = config.model.vocab_size  # no data here: keep validation happy
   mc = validate(config, jax.device_count())
@@ -217,7 +120,7 @@ def run_benchmark(
     )
 
   trainer = Trainer(config, mesh, mc)
-  n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(trainer.abstract_state.params))
+  n_params = measure.count_params(trainer.abstract_state.params)
   # With the batch's sharding, so that the jitted step called below finds this compilation in
   # its cache instead of compiling again.
   batch_sharding = sharding_lib.batch_sharding(mesh)
@@ -225,13 +128,9 @@ def run_benchmark(
     "inputs": jax.ShapeDtypeStruct((batch_size, src_len), np.int32, sharding=batch_sharding),
     "targets": jax.ShapeDtypeStruct((batch_size, tgt_len), np.int32, sharding=batch_sharding),
   }
-  t0 = time.perf_counter()
-  lowered = trainer.lower_train_step(shapes)
-  t1 = time.perf_counter()
-  compiled = lowered.compile()
-  t2 = time.perf_counter()
+  compiled, lower_s, xla_compile_s = measure.compile_timed(lambda: trainer.lower_train_step(shapes))
 
-  flops = model_flops_per_step(
+  flops = measure.model_flops_per_step(
     mc.d_model,
     mc.d_ff,
     mc.num_layers,
@@ -257,10 +156,10 @@ def run_benchmark(
     "matmul_flops_per_s": None,
     "fraction_of_matmul_peak": None,
     "tokens_per_step": tokens,
-    "lower_s": t1 - t0,
-    "compile_s": t2 - t0,  # lowering + XLA compilation
-    "xla_compile_s": t2 - t1,
-    **memory_stats(compiled),
+    "lower_s": lower_s,
+    "compile_s": lower_s + xla_compile_s,
+    "xla_compile_s": xla_compile_s,
+    **measure.memory_stats(compiled),
     "batch_size": batch_size,
     "src_len": src_len,
     "tgt_len": tgt_len,
@@ -288,7 +187,7 @@ def run_benchmark(
     "mesh": {k: int(v) for k, v in mesh.shape.items()},
     "backend": jax.default_backend(),
     "device_kind": jax.devices()[0].device_kind,
-    "cpu": cpu_model(),
+    "cpu": report.cpu_model(),
     "cpu_count": os.cpu_count(),
     "jax": jax.__version__,
     "xla_flags": os.environ.get("XLA_FLAGS", ""),
@@ -302,28 +201,20 @@ def run_benchmark(
   # Every batch is on the device before the clock starts: only the step is timed.
   batches = [
     sharding_lib.local_batch_to_global(
-      random_batch(host_rng, batch_size, src_len, tgt_len, mc.vocab_size), mesh
+      measure.random_batch(host_rng, batch_size, src_len, tgt_len, mc.vocab_size), mesh
     )
     for _ in range(warmup_steps + steps)
   ]
   jax.block_until_ready(batches)
-  times, cpu_times = [], []
-  for i, batch in enumerate(batches):
-    c = time.process_time()
-    t = time.perf_counter()
-    state, metrics = trainer.train_step(state, batch, rng)
-    jax.block_until_ready((state, metrics))
-    times.append(time.perf_counter() - t)
-    cpu_times.append(time.process_time() - c)
-    if i == 0:
-      record["first_step_s"] = times[0]
+  state, metrics, times, cpu_times = measure.time_steps(trainer.train_step, state, batches, rng)
+  record["first_step_s"] = times[0]
   timed, timed_cpu = times[warmup_steps:], cpu_times[warmup_steps:]
   loss = float(metrics["loss"] / metrics["tokens"])
   if not np.isfinite(loss):
     raise RuntimeError(f"the benchmark step produced a non-finite loss ({loss})")
   del state, batches
 
-  matmul = measure_matmul_flops(matmul_size, matmul_repeats)
+  matmul = measure.measure_matmul_flops(matmul_size, matmul_repeats)
   best = min(timed)
   record.update(
     {

@@ -9,7 +9,7 @@ the same number of parameters (`rnn.lstm_config_for_params`) and get the same tr
 (the same batches, steps and optimiser recipe).
 
 1. Parallelism. Training-step time against n, and the number of sequential steps: the while
-   loops of the compiled train step and their trip counts (`seq_len.loop_iterations`), so a
+   loops of the compiled train step and their trip counts (`measure.loop_iterations`), so a
    scan over time shows up as n iterations run one after another. Measured with
    `seq_len.cost_sweep` (random batches of `--batch_size` x n source and target tokens) for
    the Transformer of `--config` with `xla` and `chunked` attention and its equal-size LSTM.
@@ -38,7 +38,7 @@ from typing import Any
 
 from absl import app
 
-from experiments import seq_len, tasks
+from experiments import measure, report, seq_len, tasks
 from experiments import sweep as sweep_lib
 from transformer.errors import fail
 
@@ -133,7 +133,7 @@ def long_range_configs(s: LongRangeSettings) -> list[tuple[str, Any, Any]]:
   m.max_len = s.max_distance + 2
   m.dtype = "float32"
   transformer = model_config(config)
-  lstm = lstm_config_for_params(seq_len._param_count(transformer), transformer)
+  lstm = lstm_config_for_params(measure.model_param_count(transformer), transformer)
   lstm_config = config.copy_and_resolve_references()
   for field in dataclasses.fields(ModelConfig):
     lstm_config.model[field.name] = getattr(lstm, field.name)
@@ -186,7 +186,7 @@ def train_long_range(config: Any, mc: Any, s: LongRangeSettings, log=print) -> d
     pred = np.asarray(jnp.argmax(logits[np.arange(s.eval_examples), batch["distance"]], -1))
     accuracy[str(int(d))] = float(np.mean(pred == batch["answer"]))
   log(f"[claims long range] {mc.kind}, d {s.distribution}: accuracy by distance {accuracy}")
-  params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state.params))
+  params = measure.count_params(state.params)
   return {"kind": mc.kind, "d_model": mc.d_model, "params": params, "accuracy": accuracy,
           "losses": losses, "train_s": train_s, "step_s": step_s, "steps": s.steps}
 
@@ -209,7 +209,7 @@ def write_report(out_dir: str, command: dict[str, str], cost: list[dict[str, Any
           "(`rnn.lstm_config_for_params`) and equal training budgets.\n",
           "## Commands\n"]
   text += [f"{part}:\n\n```\n{cmd}\n```\n" for part, cmd in command.items()]
-  text += ["## Machine\n", sweep_lib.hardware_markdown(sweep_lib.hardware())]
+  text += ["## Machine\n", report.hardware_markdown(report.hardware())]
   if cost:
     text += _parallelism_md(cost, fit_from)
     _plot_parallelism(cost, paths["_parallelism.png"])
@@ -259,8 +259,8 @@ def _parallelism_md(cost, fit_from) -> list[str]:
       r = by.get((k, n))
       row.append("-" if r is None else f"{r['hlo_iterations']:,} ({r['hlo_loops']} loops)")
     rows.append(row)
-  t_exp = seq_len.exponents(cost, "step_s", fit_from)
-  i_exp = seq_len.exponents(cost, "hlo_iterations", fit_from)
+  t_exp = measure.exponents(cost, "step_s", fit_from)
+  i_exp = measure.exponents(cost, "hlo_iterations", fit_from)
   exp_rows = [[k, _e(t_exp[k][0]), _e(t_exp[k][1]), _e(i_exp[k][1])] for k in kinds]
   lstm = [r for r in cost if r["model"] == "lstm"]
   per_n = ""
@@ -274,10 +274,10 @@ def _parallelism_md(cost, fit_from) -> list[str]:
     f"Batch {batch_size} x n source and n target tokens, random ids; {desc}. Sequential "
     "iterations = trip counts of the `while` loops in the compiled train step (forward and "
     "backward), nested loops multiplied; loops = number of `while` ops." + per_n + "\n",
-    sweep_lib.markdown_table(header, rows),
+    report.markdown_table(header, rows),
     "\nFitted exponents (slope of log y on log n):\n",
-    sweep_lib.markdown_table(["model", "step time: all n", f"step time: n >= {fit_from}",
-                              f"sequential iterations: n >= {fit_from}"], exp_rows),
+    report.markdown_table(["model", "step time: all n", f"step time: n >= {fit_from}",
+                           f"sequential iterations: n >= {fit_from}"], exp_rows),
   ]
 
 
@@ -288,9 +288,9 @@ def _long_range_md(lr) -> list[str]:
   header = ["training distances", "model", "d_model", "params", "step (ms)", "train (s)",
             "final loss"] + [f"d={d}" for d in distances]
   rows = [[r["distribution"].replace("_", "-"), m["kind"], m["d_model"], f"{m['params']:,}",
-           sweep_lib.fmt(1e3 * m["step_s"] if m.get("step_s") else None, 1),
+           report.fmt(1e3 * m["step_s"] if m.get("step_s") else None, 1),
            f"{m['train_s']:.0f}", f"{m['losses'][-1][1]:.3f}"]
-          + [sweep_lib.fmt(m["accuracy"].get(str(d))) for d in distances]
+          + [report.fmt(m["accuracy"].get(str(d))) for d in distances]
           for r in runs for m in r["models"]]
   return [
     "\n## 2. Long-range dependencies: recall after d positions\n",
@@ -306,7 +306,7 @@ def _long_range_md(lr) -> list[str]:
     f"{s['eval_examples']} fresh examples per distance (teacher-forced; argmax at the answer "
     "position). step (ms): mean training-step time after the first (compiling) step; "
     "train (s): all steps, compilation included.\n",
-    sweep_lib.markdown_table(header, rows),
+    report.markdown_table(header, rows),
   ]
 
 
@@ -316,13 +316,13 @@ def _memory_md(cost, caches, fit_from) -> list[str]:
   header = ["n"] + [f"{k} temp (MiB)" for k in kinds]
   rows = [[n] + [f"{by[(k, n)]['temp_memory_bytes'] / 2**20:,.2f}" if (k, n) in by else "-"
                  for k in kinds] for n in lengths]
-  m_exp = seq_len.exponents(cost, "temp_memory_bytes", fit_from)
+  m_exp = measure.exponents(cost, "temp_memory_bytes", fit_from)
   lines = ["\n## 3. Memory against n\n",
            "Training: XLA's temporary memory of the compiled train step (per device; the "
            "parameters and optimiser state, constant in n, are excluded).\n",
-           sweep_lib.markdown_table(header, rows),
+           report.markdown_table(header, rows),
            "\nFitted exponents of training memory:\n",
-           sweep_lib.markdown_table(
+           report.markdown_table(
              ["model", "all n", f"n >= {fit_from}"],
              [[k, _e(m_exp[k][0]), _e(m_exp[k][1])] for k in kinds])]
   if caches:
@@ -334,9 +334,9 @@ def _memory_md(cost, caches, fit_from) -> list[str]:
               "the cross-attention keys and values; LSTM: one (c, h) state per layer), bytes "
               "from `jax.eval_shape`. The LSTM still reads the n encoder states through its "
               "attention; they are not counted for either model.\n",
-              sweep_lib.markdown_table(["n"] + [f"{k} cache (KiB)" for k in ck],
-                                       [[n] + [f"{cby[(k, n)] / 1024:,.1f}" for k in ck]
-                                        for n in cn])]
+              report.markdown_table(["n"] + [f"{k} cache (KiB)" for k in ck],
+                                    [[n] + [f"{cby[(k, n)] / 1024:,.1f}" for k in ck]
+                                     for n in cn])]
   return lines
 
 
@@ -344,13 +344,13 @@ def _table1_md(cost, caches, lr, fit_from) -> list[str]:
   """The paper's Table 1 and the folk memory claim beside what was measured."""
   if not cost:
     return []
-  t_exp = seq_len.exponents(cost, "step_s", fit_from)
-  m_exp = seq_len.exponents(cost, "temp_memory_bytes", fit_from)
-  i_exp = seq_len.exponents(cost, "hlo_iterations", fit_from)
+  t_exp = measure.exponents(cost, "step_s", fit_from)
+  m_exp = measure.exponents(cost, "temp_memory_bytes", fit_from)
+  i_exp = measure.exponents(cost, "hlo_iterations", fit_from)
   c_exp = {}
   for family in dict.fromkeys(c["kind"] for c in caches or []):
     cs = [c for c in caches if c["kind"] == family]
-    c_exp[family] = seq_len.fit_exponent([c["n"] for c in cs], [c["bytes"] for c in cs])
+    c_exp[family] = measure.fit_exponent([c["n"] for c in cs], [c["bytes"] for c in cs])
   by = _by(cost)
   n_max = max(r["n"] for r in cost)
 
@@ -395,7 +395,7 @@ def _table1_md(cost, caches, lr, fit_from) -> list[str]:
     "distance. The long-range task ran once per family (the Transformer with `xla` "
     "attention, the LSTM with its attention): its source is a single token, so that "
     "attention has nothing to read, and the rows of a family share the run.\n",
-    sweep_lib.markdown_table(
+    report.markdown_table(
       ["model", "compute (claimed)", "step time (measured)", "sequential ops (claimed)",
        "sequential iterations (measured)", "path length (claimed)", "long range (measured)",
        "memory (folk claim)", "training memory (measured)", "decoding cache (measured)"],
@@ -404,12 +404,7 @@ def _table1_md(cost, caches, lr, fit_from) -> list[str]:
 
 
 def _plot_parallelism(cost, path):
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  fig, axes = plt.subplots(1, 2, figsize=(9.5, 3.8))
+  fig, axes = report.figure(1, 2, figsize=(9.5, 3.8))
   for i, k in enumerate(_kinds(cost)):
     rs = [r for r in cost if r["kind"] == k and r["step_s"] is not None]
     axes[0].plot([r["n"] for r in rs], [1e3 * r["step_s"] for r in rs], "o-", color=f"C{i}",
@@ -425,18 +420,11 @@ def _plot_parallelism(cost, path):
     ax.set_xlabel("n (tokens per side)")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+  report.save_figure(fig, path)
 
 
 def _plot_long_range(lr, path):
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+  fig, axes = report.figure(1, 2, figsize=(10, 3.8))
   styles = ["-", "--", ":"]
   for j, run in enumerate(lr["runs"]):
     dist = run["distribution"].replace("_", "-")
@@ -454,18 +442,11 @@ def _plot_long_range(lr, path):
   for ax in axes:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+  report.save_figure(fig, path)
 
 
 def _plot_memory(cost, caches, path):
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  fig, axes = plt.subplots(1, 2, figsize=(9.5, 3.8))
+  fig, axes = report.figure(1, 2, figsize=(9.5, 3.8))
   for i, k in enumerate(_kinds(cost)):
     rs = [r for r in cost if r["kind"] == k]
     axes[0].plot([r["n"] for r in rs], [r["temp_memory_bytes"] / 2**20 for r in rs], "o-",
@@ -482,9 +463,7 @@ def _plot_memory(cost, caches, path):
     ax.set_xlabel("n (tokens)")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+  report.save_figure(fig, path)
 
 
 def main(argv: list[str]) -> None:
@@ -493,7 +472,7 @@ def main(argv: list[str]) -> None:
   parts = set(_F.part.value)
   if not parts or parts - {"cost", "long_range"}:
     fail(f"--part={','.join(_F.part.value)}: use cost, long_range or both")
-  command = sweep_lib.command_line()
+  command = report.command_line()
   previous = {}
   json_path = os.path.join(_F.out.value, "claims.json")
   if os.path.exists(json_path):
@@ -503,7 +482,7 @@ def main(argv: list[str]) -> None:
   cost, caches, long_range = previous.get("cost"), previous.get("decode_cache"), previous.get(
     "long_range")
   if "cost" in parts:
-    base = _F.config.value or seq_len._load_module_config(seq_len.DEFAULT_CONFIG)
+    base = _F.config.value or seq_len.load_module_config(seq_len.DEFAULT_CONFIG)
     if _F.cost_from.value:
       with open(_F.cost_from.value) as f:
         source = json.load(f)

@@ -29,7 +29,7 @@ from typing import Any
 
 from absl import app, flags
 
-from experiments import sweep as sweep_lib
+from experiments import report as report_lib  # `report` is this module's report
 from transformer.errors import fail
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -155,10 +155,10 @@ def report(records: list[dict[str, Any]], command: str) -> str:
     "## Command\n", f"```\n{command}\n```\n",
     "`PY`: a Python with torch (requirements-peer.txt). The peer's script: "
     f"`{_public_path(_PEER.value)}`.\n",
-    "## Machine\n", sweep_lib.hardware_markdown(sweep_lib.hardware()),
+    "## Machine\n", report_lib.hardware_markdown(report_lib.hardware()),
     f"- Peer: torch {peer0.get('torch', '?')}, {peer0.get('threads', '?')} threads. "
     f"Load average (1 min) at the start of the runs: {min(loads):.2f} to {max(loads):.2f}.\n",
-    "## Results\n", sweep_lib.markdown_table(header, table), "",
+    "## Results\n", report_lib.markdown_table(header, table), "",
   ])
 
 
@@ -192,7 +192,7 @@ def main(argv: list[str]) -> None:
           print(f"[compare_peer] round {round_ + 1}/{_ROUNDS.value} {name:14s} {program}: "
                 f"{record['tokens_per_s']:.0f} tokens/s ({time.time() - t:.0f} s)", flush=True)
   with open(_OUT.value + ".md", "w") as f:
-    f.write(report(records, public_command(sweep_lib.command_line())))
+    f.write(report(records, public_command(report_lib.command_line())))
   for r in summarize(records):
     print(f"[compare_peer] {r['variant']}: ours {r['ours_best']:.0f} / peer {r['peer_best']:.0f} "
           f"tokens/s = {r['ratio']:.2f}x")

@@ -46,7 +46,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.sweep import cpu_model
+from experiments import measure, report
 from transformer import decode as decode_lib
 from transformer.errors import ConfigError, UserError, fail
 from transformer.model import ModelConfig
@@ -177,16 +177,14 @@ def _check_args(
   repeats: int,
   warmup: int,
 ) -> None:
-  for name, value, minimum in (
+  measure.check_at_least((
     ("--batch_size", batch_size, 1),
     ("--src_len", src_len, 1),
     ("--out_len", out_len, 1),
     ("--beam_size", beam_size, 2),
     ("--repeats", repeats, 1),
     ("--warmup", warmup, 0),
-  ):
-    if value < minimum:
-      raise ConfigError(f"{name}={value}: must be >= {minimum}")
+  ))
   if mc.kind == "transformer" and max(src_len, out_len) > mc.max_len:
     raise ConfigError(
       f"--src_len/--out_len ({src_len}/{out_len}) exceed model.max_len={mc.max_len} (the "
@@ -228,7 +226,7 @@ def run_benchmark(
   params = jax.jit(model.init)(
     jax.random.key(seed), batches[0][:1], jnp.zeros((1, out_len), jnp.int32)
   )["params"]
-  n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
+  n_params = measure.count_params(params)
 
   fns = {
     "cached_greedy": lambda p, x: cached_decode(
@@ -311,7 +309,7 @@ def run_benchmark(
       "platform": jax.default_backend(),
       "device_kind": jax.devices()[0].device_kind,
       "device_count": jax.device_count(),
-      "cpu": cpu_model(),
+      "cpu": report.cpu_model(),
       "cpu_count": os.cpu_count(),
       "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
       "jax": jax.__version__,

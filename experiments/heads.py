@@ -19,6 +19,7 @@ from typing import Any
 
 from absl import app
 
+from experiments import report as report_lib  # `report` is this module's report
 from experiments import sweep as sweep_lib
 
 # Vaswani et al. (2017), "Attention Is All You Need", Table 3, rows (A) and base:
@@ -95,15 +96,15 @@ def report(sweep: sweep_lib.Sweep, rows: list[SweepRow], command: str,
     paper = g["paper"] or (None, None, None)
     table.append([
       g["h"], g["d_k"], f"{g['seeds']}/{g['of']}", _pm(g["ppl"], 3), _pm(g["bleu"], 2),
-      _pm(g["test_bleu"], 2), f"{g['params']:,}", sweep_lib.fmt(g["step_ms"], 1),
-      sweep_lib.fmt(paper[0]), sweep_lib.fmt(paper[1]), sweep_lib.fmt(paper[2], 1),
+      _pm(g["test_bleu"], 2), f"{g['params']:,}", report_lib.fmt(g["step_ms"], 1),
+      report_lib.fmt(paper[0]), report_lib.fmt(paper[1]), report_lib.fmt(paper[2], 1),
     ])
   per_point = [
     [r["name"], r["overrides"]["model.num_heads"], r["overrides"].get("seed", "-"),
-     sweep_lib.fmt(r["step"]), sweep_lib.fmt(r["eval/perplexity"], 3),
-     sweep_lib.fmt(r["eval/bleu"]), sweep_lib.fmt(r["test/bleu"]),
-     sweep_lib.fmt(None if r["step_s"] is None else 1e3 * r["step_s"], 1),
-     sweep_lib.fmt(r["wall_s"], 0)]
+     report_lib.fmt(r["step"]), report_lib.fmt(r["eval/perplexity"], 3),
+     report_lib.fmt(r["eval/bleu"]), report_lib.fmt(r["test/bleu"]),
+     report_lib.fmt(None if r["step_s"] is None else 1e3 * r["step_s"], 1),
+     report_lib.fmt(r["wall_s"], 0)]
     for r in rows
   ]
   wall = sum(r["wall_s"] or 0.0 for r in rows)
@@ -132,13 +133,13 @@ def report(sweep: sweep_lib.Sweep, rows: list[SweepRow], command: str,
     f"```\n{command}\n```\n",
     f"Training time of all points: {wall / 60:.1f} min (sum of the points' wall times).\n",
     "## Machine\n",
-    sweep_lib.hardware_markdown(sweep_lib.hardware()),
+    report_lib.hardware_markdown(report_lib.hardware()),
     "## Results\n",
-    sweep_lib.markdown_table(header, table),
+    report_lib.markdown_table(header, table),
     f"\n![heads]({os.path.basename(png_path)})\n",
     "## Every point\n",
-    sweep_lib.markdown_table(["point", "h", "seed", "step", "valid PPL", "valid BLEU",
-                              "test BLEU", "step (ms)", "wall (s)"], per_point),
+    report_lib.markdown_table(["point", "h", "seed", "step", "valid PPL", "valid BLEU",
+                               "test BLEU", "step (ms)", "wall (s)"], per_point),
   ]
   unfinished = [r["name"] for r in rows if not r["finished"]]
   if unfinished:
@@ -149,12 +150,7 @@ def report(sweep: sweep_lib.Sweep, rows: list[SweepRow], command: str,
 
 
 def _plot(groups: list[dict[str, Any]], rows: list[SweepRow], path: str) -> None:
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+  fig, axes = report_lib.figure(1, 3, figsize=(13, 3.6))
   panels = [("ppl", "eval/perplexity", "validation perplexity", 1),
             ("bleu", "eval/bleu", "validation BLEU", 2)]
   for ax, (key, row_key, label, paper_index) in zip(axes[:2], panels, strict=True):
@@ -184,9 +180,7 @@ def _plot(groups: list[dict[str, Any]], rows: list[SweepRow], path: str) -> None
   ax.set_xlabel("heads h")
   ax.set_ylabel("training step (ms, median)")
   ax.grid(alpha=0.3)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+  report_lib.save_figure(fig, path)
 
 
 def main(argv: list[str]) -> None:

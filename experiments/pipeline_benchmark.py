@@ -34,7 +34,7 @@ from typing import Any
 from absl import app, flags
 from ml_collections import config_flags
 
-from experiments import sweep as report
+from experiments import measure, report
 from transformer.errors import fail
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/wmt.py.",
@@ -166,16 +166,7 @@ def one_start(config: Any, workdir: str, batches: int) -> dict[str, Any]:
 
 def accelerator_batches_per_second(config: Any) -> dict[str, float]:
   """Batches per second an accelerator consumes at MFU 0.4 for the config's real model."""
-  import jax
-  import jax.numpy as jnp
-
-  from transformer.model_family import build_model
-  from transformer.validate import model_config
-
-  mc = model_config(config)
-  dummy = jnp.ones((1, 8), jnp.int32)
-  shapes = jax.eval_shape(lambda: build_model(mc).init(jax.random.key(0), dummy, dummy))
-  params = sum(x.size for x in jax.tree.leaves(shapes))
+  params = measure.param_count(config)
   tokens = 2 * int(config.data.tokens_per_batch)  # source + target positions
   flops = 6 * params * tokens  # forward + backward, matmuls (Kaplan et al. 2020, sec. 2.1)
   return {name: peak * MFU / flops for name, peak in ACCELERATORS.items()}

@@ -7,7 +7,7 @@ sentences translate longer ones.
 (a) cost. For n = 64, 128, ..., 4096 (source and target both n tokens, `--batch_size` rows of
 random ids without padding) and each model, the project's `Trainer` compiles its train step
 ahead of time (`lower_train_step(shapes).compile()`), XLA's memory analysis of the compiled
-step gives its memory (benchmark.memory_stats: `temp` = the temporary buffers, i.e.
+step gives its memory (measure.memory_stats: `temp` = the temporary buffers, i.e.
 activations kept for the backward pass, gradients and workspace; `peak` = arguments +
 outputs - aliased + temp), the while loops of the compiled HLO give the number of sequential
 loop iterations, and a few steps are timed (best of `--steps` after one warm-up step).
@@ -38,14 +38,13 @@ import dataclasses
 import json
 import math
 import os
-import re
-import time
 import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from absl import app
 
+from experiments import measure, report
 from experiments import sweep as sweep_lib
 from transformer.errors import fail
 
@@ -110,7 +109,7 @@ def model_setup(base: Any, kind: str, max_len: int) -> tuple[Any, Any]:
         config.model.dtype = "bfloat16"  # cuDNN's fused attention needs 16-bit inputs
     elif kind in LSTM_KINDS:
       transformer = dataclasses.replace(model_config(config), kind="transformer")
-      target = _param_count(transformer)
+      target = measure.model_param_count(transformer)
       base_lstm = dataclasses.replace(transformer, lstm_attention=kind == "lstm")
       lstm = lstm_config_for_params(target, base_lstm)
       for field in dataclasses.fields(ModelConfig):
@@ -119,103 +118,6 @@ def model_setup(base: Any, kind: str, max_len: int) -> tuple[Any, Any]:
       raise ValueError(f"unknown model kind {kind!r}: use xla, chunked, cudnn, lstm or "
                        "lstm_noattn")
   return config, model_config(config)
-
-
-def _param_count(mc: Any) -> int:
-  import flax.linen as nn
-  import jax
-  import jax.numpy as jnp
-  import numpy as np
-
-  from transformer.model_family import build_model
-
-  tokens = jnp.ones((1, 2), jnp.int32)
-  shapes = jax.eval_shape(lambda: build_model(mc).init(jax.random.key(0), tokens, tokens))
-  return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nn.unbox(shapes["params"])))
-
-
-_COMPUTATION = re.compile(r"^\s*(?:ENTRY\s+)?%?([\w.\-]+)\s*(?:\([^)]*\)|\(.*\))?.*\{\s*$")
-_WHILE = re.compile(r"\bwhile\(.*?body=%?([\w.\-]+)")
-_TRIP = re.compile(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"?(\d+)"?')
-_CALLEE = re.compile(
-  r"\b(?:body|condition|calls|to_apply|true_computation|false_computation)=%?([\w.\-]+)"
-)
-_BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
-
-
-def loop_iterations(hlo_text: str) -> dict[str, Any]:
-  """Sequential loop iterations in a compiled HLO module (its `as_text()`).
-
-  Every `while` runs its body `known_trip_count` times one after the other; a loop inside
-  another's body runs that often per outer iteration. Returns {'loops': number of while ops,
-  'iterations': total sequential iterations (outer trip counts multiplied in), 'unknown':
-  loops without a known trip count (counted once), 'trip_counts': sorted list}.
-  """
-  computations: dict[str, list[str]] = {}
-  entry = None
-  current = None
-  for line in hlo_text.splitlines():
-    stripped = line.strip()
-    if current is None:
-      m = _COMPUTATION.match(line)
-      if m and "=" not in stripped.split("(")[0]:
-        current = m.group(1)
-        computations[current] = []
-        if stripped.startswith("ENTRY"):
-          entry = current
-      continue
-    if stripped == "}":
-      current = None
-      continue
-    computations[current].append(stripped)
-
-  loops: list[tuple[str, int | None, str]] = []  # (computation holding it, trips, body)
-  edges: dict[str, list[tuple[str, bool, str]]] = {c: [] for c in computations}
-  for name, lines in computations.items():
-    for ln in lines:
-      w = _WHILE.search(ln)
-      trip = None
-      if w:
-        t = _TRIP.search(ln)
-        trip = int(t.group(1)) if t else None
-        loops.append((name, trip, w.group(1)))
-      for callee in _CALLEE.findall(ln):
-        is_body = bool(w) and callee == w.group(1)
-        edges[name].append((callee, is_body, ln))
-      for group in _BRANCHES.findall(ln):
-        for callee in re.findall(r"%?([\w.\-]+)", group):
-          edges[name].append((callee, False, ln))
-
-  # Multiplicity of each computation: how many times it runs per step (outer trips multiplied).
-  mult: dict[str, int] = {}
-
-  def visit(name: str, factor: int, depth: int = 0) -> None:
-    if depth > 64 or name not in computations:
-      return
-    mult[name] = mult.get(name, 0) + factor
-    for callee, is_body, ln in edges.get(name, []):
-      trip = 1
-      if is_body:
-        t = _TRIP.search(ln)
-        trip = int(t.group(1)) if t else 1
-      visit(callee, factor * trip, depth + 1)
-
-  visit(entry or next(iter(computations), ""), 1)
-  total = 0
-  unknown = 0
-  for holder, trip, _ in loops:
-    runs = mult.get(holder, 0)
-    if trip is None:
-      unknown += 1
-      total += runs
-    else:
-      total += runs * trip
-  return {
-    "loops": len(loops),
-    "iterations": total,
-    "unknown": unknown,
-    "trip_counts": sorted(t for _, t, _ in loops if t is not None),
-  }
 
 
 def measure_step(config: Any, mc: Any, batch_size: int, length: int, *, steps: int = 2,
@@ -230,7 +132,6 @@ def measure_step(config: Any, mc: Any, batch_size: int, length: int, *, steps: i
   import jax
   import numpy as np
 
-  from experiments.benchmark import memory_stats, random_batch
   from transformer import sharding as sharding_lib
   from transformer.train import Trainer
 
@@ -238,16 +139,15 @@ def measure_step(config: Any, mc: Any, batch_size: int, length: int, *, steps: i
   trainer = Trainer(config, mesh, mc)
   sharding = sharding_lib.batch_sharding(mesh)
   shape = jax.ShapeDtypeStruct((batch_size, length), np.int32, sharding=sharding)
-  t0 = time.perf_counter()
-  compiled = trainer.lower_train_step({"inputs": shape, "targets": shape}).compile()
-  compile_s = time.perf_counter() - t0
+  compiled, lower_s, xla_s = measure.compile_timed(
+    lambda: trainer.lower_train_step({"inputs": shape, "targets": shape}))
   record: dict[str, Any] = {
     "n": length,
     "batch_size": batch_size,
-    "compile_s": compile_s,
-    **memory_stats(compiled),
-    **{f"hlo_{k}": v for k, v in loop_iterations(compiled.as_text()).items()},
-    "params": sum(int(np.prod(x.shape)) for x in jax.tree.leaves(trainer.abstract_state.params)),
+    "compile_s": lower_s + xla_s,
+    **measure.memory_stats(compiled),
+    **{f"hlo_{k}": v for k, v in measure.loop_iterations(compiled.as_text()).items()},
+    "params": measure.count_params(trainer.abstract_state.params),
     "step_s": None,
     "step_times_s": [],
     "timing_skipped": None,
@@ -260,30 +160,12 @@ def measure_step(config: Any, mc: Any, batch_size: int, length: int, *, steps: i
   rng = jax.random.key(seed)
   host = np.random.default_rng(seed)
   batch = sharding_lib.local_batch_to_global(
-    random_batch(host, batch_size, length, length, mc.vocab_size), mesh)
-  times = []
-  for i in range(1 + steps):
-    t = time.perf_counter()
-    state, metrics = compiled(state, batch, rng)
-    jax.block_until_ready((state, metrics))
-    if i:
-      times.append(time.perf_counter() - t)
+    measure.random_batch(host, batch_size, length, length, mc.vocab_size), mesh)
+  _, _, times, _ = measure.time_steps(compiled, state, [batch] * (1 + steps), rng)
+  times = times[1:]  # without the warm-up step
   record["step_s"] = min(times)
   record["step_times_s"] = times
   return record
-
-
-def fit_exponent(ns: Sequence[float], ys: Sequence[float | None]) -> float | None:
-  """Least-squares slope of log(y) against log(n) over the points with y > 0 (None if < 2)."""
-  pts = [(math.log(n), math.log(y)) for n, y in zip(ns, ys, strict=True) if y and y > 0]
-  if len(pts) < 2:
-    return None
-  mx = sum(x for x, _ in pts) / len(pts)
-  my = sum(y for _, y in pts) / len(pts)
-  sxx = sum((x - mx) ** 2 for x, _ in pts)
-  if sxx == 0:
-    return None
-  return sum((x - mx) * (y - my) for x, y in pts) / sxx
 
 
 def predict_step_s(measured: list[tuple[int, float]], n: int) -> float | None:
@@ -339,19 +221,6 @@ def cost_sweep(base: Any, kinds: Sequence[str], lengths: Sequence[int], batch_si
           f"{'  (' + why + ')' if why else ''}")
       records.append(rec)
   return records
-
-
-def exponents(records: list[dict[str, Any]], key: str, fit_from: int) -> dict[str, Any]:
-  """Per kind: slope of log(key) on log(n) over all n and over n >= fit_from."""
-  out = {}
-  for kind in dict.fromkeys(r["kind"] for r in records):
-    rs = [r for r in records if r["kind"] == kind]
-    tail = [r for r in rs if r["n"] >= fit_from]
-    out[kind] = (
-      fit_exponent([r["n"] for r in rs], [r[key] for r in rs]),
-      fit_exponent([r["n"] for r in tail], [r[key] for r in tail]),
-    )
-  return out
 
 
 # ----------------------------------------------------------------------------- quality
@@ -428,7 +297,7 @@ def write_report(out_dir: str, commands: dict[str, str], cost: list[dict[str, An
           "`seq_len.json`.\n",
           "## Commands\n"]
   text += [f"{part}:\n\n```\n{cmd}\n```\n" for part, cmd in commands.items()]
-  text += ["## Machine\n", sweep_lib.hardware_markdown(sweep_lib.hardware())]
+  text += ["## Machine\n", report.hardware_markdown(report.hardware())]
   if cost:
     text += cost_markdown(cost, fit_from)
   if quality:
@@ -466,7 +335,7 @@ def cost_markdown(cost: list[dict[str, Any]], fit_from: int) -> list[str]:
       else:
         row.append(f"{r['step_s'] * 1e3:,.1f}")
     rows.append(row)
-  lines += ["### Training-step time\n", sweep_lib.markdown_table(header, rows)]
+  lines += ["### Training-step time\n", report.markdown_table(header, rows)]
   skipped = [r for r in cost if r["timing_skipped"]]
   if skipped:
     lines.append("\nNot timed: " + "; ".join(
@@ -476,16 +345,16 @@ def cost_markdown(cost: list[dict[str, Any]], fit_from: int) -> list[str]:
           + [_gb(by[(k, n)]["peak_memory_bytes"]) if (k, n) in by else "-" for k in kinds]
           for n in lengths]
   lines += ["\n### Memory of the compiled step (XLA memory analysis, per device)\n",
-            sweep_lib.markdown_table(header, rows)]
+            report.markdown_table(header, rows)]
   header = ["n"] + [f"{k} loops / iterations" for k in kinds]
   rows = [[n] + [f"{by[(k, n)]['hlo_loops']} / {by[(k, n)]['hlo_iterations']:,}"
                  if (k, n) in by else "-" for k in kinds] for n in lengths]
   lines += ["\n### Sequential loop iterations in the compiled step (HLO `while` trip counts)\n",
-            sweep_lib.markdown_table(header, rows)]
-  t_exp = exponents(cost, "step_s", fit_from)
-  m_exp = exponents(cost, "temp_memory_bytes", fit_from)
-  p_exp = exponents(cost, "peak_memory_bytes", fit_from)
-  i_exp = exponents(cost, "hlo_iterations", fit_from)
+            report.markdown_table(header, rows)]
+  t_exp = measure.exponents(cost, "step_s", fit_from)
+  m_exp = measure.exponents(cost, "temp_memory_bytes", fit_from)
+  p_exp = measure.exponents(cost, "peak_memory_bytes", fit_from)
+  i_exp = measure.exponents(cost, "hlo_iterations", fit_from)
   header = ["model", "time: all n", f"time: n >= {fit_from}", "temp: all n",
             f"temp: n >= {fit_from}", "peak: all n", f"peak: n >= {fit_from}",
             f"loop iterations: n >= {fit_from}"]
@@ -493,7 +362,7 @@ def cost_markdown(cost: list[dict[str, Any]], fit_from: int) -> list[str]:
   rows = [[k, e(t_exp[k][0]), e(t_exp[k][1]), e(m_exp[k][0]), e(m_exp[k][1]), e(p_exp[k][0]),
            e(p_exp[k][1]), e(i_exp[k][1])] for k in kinds]
   lines += ["\n### Fitted growth exponents (slope of log y on log n)\n",
-            sweep_lib.markdown_table(header, rows)]
+            report.markdown_table(header, rows)]
   return lines
 
 
@@ -506,9 +375,9 @@ def quality_markdown(quality: dict[str, Any]) -> list[str]:
   rows = []
   for m in models:
     cells = [m["max_len"], f"{m['train_kept']:,} / {m['train_total']:,}", m["step"],
-             sweep_lib.fmt(m["eval"]["bleu_all"])]
+             report.fmt(m["eval"]["bleu_all"])]
     for b in m["eval"]["bins"]:
-      cell = sweep_lib.fmt(b["bleu"])
+      cell = report.fmt(b["bleu"])
       if b["lo"] > m["max_len"]:
         cell += " *"
       cells.append(cell)
@@ -522,20 +391,15 @@ def quality_markdown(quality: dict[str, Any]) -> list[str]:
     "sentence count in brackets), decoding as in the config "
     f"(beam {quality['beam_size']}). * marks bins entirely longer than the model's training "
     "limit.\n",
-    sweep_lib.markdown_table(header, rows),
+    report.markdown_table(header, rows),
   ]
 
 
 def _plot(cost, quality, path: str) -> None:
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
   panels = (2 if cost else 0) + (1 if quality else 0)
   if not panels:
     return
-  fig, axes = plt.subplots(1, panels, figsize=(4.6 * panels, 3.8), squeeze=False)
+  fig, axes = report.figure(1, panels, figsize=(4.6 * panels, 3.8), squeeze=False)
   axes = list(axes[0])
   if cost:
     kinds = list(dict.fromkeys(r["kind"] for r in cost))
@@ -571,9 +435,7 @@ def _plot(cost, quality, path: str) -> None:
            title="BLEU by source length")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+  report.save_figure(fig, path)
 
 
 def run_quality(sweep_spec: str, root: str, bins: list[tuple[int, int | None]],
@@ -623,14 +485,14 @@ def main(argv: list[str]) -> None:
     fail(f"--part={','.join(_F.part.value)}: use cost, quality or both")
   from transformer.errors import UserError
 
-  command = sweep_lib.command_line()
+  command = report.command_line()
   # A part that does not run keeps its results (and command) from the last run.
   old = _previous(os.path.join(_F.out.value, "seq_len.json"))
   commands = dict(old.get("commands") or {})
   cost, quality = old.get("cost"), old.get("quality")
   try:
     if "cost" in parts:
-      base = _F.config.value or _load_module_config(DEFAULT_CONFIG)
+      base = _F.config.value or load_module_config(DEFAULT_CONFIG)
       kinds = _F.kinds.value or default_kinds()
       lengths = [int(n) for n in _F.lengths.value]
       cost = cost_sweep(base, kinds, lengths, _F.batch.value, _F.steps.value,
@@ -646,7 +508,7 @@ def main(argv: list[str]) -> None:
   print(f"wrote {', '.join(paths)}", flush=True)
 
 
-def _load_module_config(spec: str) -> Any:
+def load_module_config(spec: str) -> Any:
   """get_config(arg) of a config file given as path[:arg]."""
   import importlib.util
 

@@ -26,12 +26,9 @@ with their own report (experiments/heads.py) call `main` with a `report` functio
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import importlib.util
 import json
 import os
-import platform
-import shlex
 import statistics
 import subprocess
 import sys
@@ -42,6 +39,8 @@ from typing import Any
 
 from absl import app, flags
 
+from experiments import report as report_lib  # `report` is main's report function
+from experiments.measure import param_count
 from transformer import storage
 from transformer.errors import fail
 
@@ -51,12 +50,9 @@ _F = types.SimpleNamespace()  # the command-line flags, once define_flags() ran
 def define_flag(kind: str, name: str, default: Any, help_: str, **kwargs: Any) -> Any:
   """Defines a flag (`kind`: string, integer, ..., or config_file) and returns its holder.
 
-  experiments/benchmark.py defines its flags (config, batch_size, steps, ...) when imported,
-  and the experiments import it: it is imported first here, and a flag it already defined is
-  reused (with `default` as its new default) instead of defined twice.
+  A flag of that name defined already in this process (by another experiment's
+  `define_flags`, as when tests run several) is reused, with `default` as its new default.
   """
-  import experiments.benchmark  # noqa: F401 - defines its flags on import; ours come after
-
   if name in flags.FLAGS:
     if default is not None:
       flags.FLAGS.set_default(name, default)
@@ -224,22 +220,6 @@ def is_finished(workdir: str) -> bool:
     return False
 
 
-def param_count(config: Any) -> int:
-  """Parameters of the config's model, from `jax.eval_shape` (no FLOPs, no memory)."""
-  import flax.linen as nn
-  import jax
-  import jax.numpy as jnp
-  import numpy as np
-
-  from transformer.model_family import build_model
-  from transformer.validate import model_config
-
-  model = build_model(model_config(config))
-  tokens = jnp.ones((1, 2), jnp.int32)
-  shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), tokens, tokens)["params"])
-  return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nn.unbox(shapes)))
-
-
 def step_time(records: list[dict[str, Any]]) -> float | None:
   """Median seconds per training step over the logged windows, the first (compilation) left out.
 
@@ -283,100 +263,15 @@ def collect(sweep: Sweep, root: str) -> list[dict[str, Any]]:
   return rows
 
 
-def cpu_model() -> str:
-  """The CPU's model name from /proc/cpuinfo (or what the platform module knows)."""
-  try:
-    with open("/proc/cpuinfo", encoding="utf-8") as f:
-      for line in f:
-        if line.startswith("model name"):
-          return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor() or platform.machine()
-
-
-def hardware() -> dict[str, Any]:
-  """What ran the sweep: CPU, cores, load, JAX backend and devices, date."""
-  import jax
-
-  try:
-    load = os.getloadavg()[0]
-  except OSError:
-    load = None
-  devices = jax.devices()
-  return {
-    "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-    "cpu": cpu_model(),
-    "cpu_count": os.cpu_count(),
-    "load_avg_1m": load,
-    "backend": jax.default_backend(),
-    "device_kind": devices[0].device_kind,
-    "device_count": len(devices),
-    "jax": jax.__version__,
-    "python": platform.python_version(),
-    "xla_flags": os.environ.get("XLA_FLAGS", ""),
-  }
-
-
-def hardware_markdown(hw: dict[str, Any]) -> str:
-  load = "n/a" if hw["load_avg_1m"] is None else f"{hw['load_avg_1m']:.2f}"
-  return (
-    f"- Date: {hw['date']}.\n"
-    f"- CPU: `{hw['cpu']}`, {hw['cpu_count']} cores; load average (1 min) {load} when the "
-    "report was written (the machine is shared: step times are noisy).\n"
-    f"- JAX {hw['jax']}, backend `{hw['backend']}` ({hw['device_kind']}), "
-    f"{hw['device_count']} device(s) in the reporting process; `XLA_FLAGS`="
-    f"`{hw['xla_flags']}`; Python {hw['python']}.\n"
-  )
-
-
-def command_line(argv: Sequence[str] | None = None) -> str:
-  """The running command, `[XLA_FLAGS=...] [nice -n N] python -m module args...`."""
-  argv = list(sys.argv if argv is None else argv)
-  prog = argv[0]
-  main = sys.modules.get("__main__")
-  spec = getattr(main, "__spec__", None)
-  if spec is not None and spec.name and prog.endswith(".py"):
-    head = ["python", "-m", spec.name]
-  else:
-    head = ["python", prog]
-  env = [f"XLA_FLAGS={shlex.quote(os.environ['XLA_FLAGS'])}"] if "XLA_FLAGS" in os.environ else []
-  niceness = os.nice(0)
-  prefix = env + (["nice", "-n", str(niceness)] if niceness > 0 else [])
-  return " ".join(prefix + [shlex.quote(a) for a in head + argv[1:]])
-
-
-def fmt(value: Any, digits: int = 2) -> str:
-  if value is None:
-    return "-"
-  if isinstance(value, float):
-    return f"{value:.{digits}f}"
-  return str(value)
-
-
-def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]],
-                   align: str | None = None) -> str:
-  """A GitHub table; `align` is one character per column, l or r (default: l, then r)."""
-  align = align or "l" + "r" * (len(header) - 1)
-  sep = ["---:" if a == "r" else "---" for a in align]
-  lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(sep) + " |"]
-  lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-  return "\n".join(lines) + "\n"
-
-
 def default_report(sweep: Sweep, rows: list[dict[str, Any]], command: str,
                    results_dir: str) -> list[str]:
   """Writes `<name>.md` (a table of every point) and `<name>.png`; returns the paths."""
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
   md_path = os.path.join(results_dir, f"{sweep.name}.md")
   png_path = os.path.join(results_dir, f"{sweep.name}.png")
   keys = list(dict.fromkeys(k for r in rows for k in r["overrides"]))
   header = ["point", *keys, "step", "valid PPL", "valid BLEU", "test BLEU", "params",
             "step (ms)"]
+  fmt = report_lib.fmt
   table = [
     [r["name"], *[fmt(r["overrides"].get(k)) for k in keys], fmt(r["step"]),
      fmt(r["eval/perplexity"], 3), fmt(r["eval/bleu"]), fmt(r["test/bleu"]),
@@ -389,8 +284,9 @@ def default_report(sweep: Sweep, rows: list[dict[str, Any]], command: str,
           "each trained with `train_and_evaluate` in its own workdir, by `experiments/sweep.py`."
           " valid = the config's validation split (BLEU on its first `eval_bleu_sentences`), "
           "step (ms) = median training-step time over the logged windows after the first.\n",
-          "## Command\n", f"```\n{command}\n```\n", "## Machine\n", hardware_markdown(hardware()),
-          "## Results\n", markdown_table(header, table)]
+          "## Command\n", f"```\n{command}\n```\n", "## Machine\n",
+          report_lib.hardware_markdown(report_lib.hardware()),
+          "## Results\n", report_lib.markdown_table(header, table)]
   if unfinished:
     text.append(f"\nUnfinished points (no test/bleu yet): {', '.join(unfinished)}.\n")
   text.append(f"\n![{sweep.name}]({os.path.basename(png_path)})\n")
@@ -400,7 +296,7 @@ def default_report(sweep: Sweep, rows: list[dict[str, Any]], command: str,
 
   metrics = [("eval/perplexity", "validation perplexity"), ("eval/bleu", "validation BLEU"),
              ("test/bleu", "test BLEU")]
-  fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.4))
+  fig, axes = report_lib.figure(1, len(metrics), figsize=(4.2 * len(metrics), 3.4))
   x_key = keys[0] if keys else None
   for ax, (key, label) in zip(axes, metrics, strict=True):
     xs = [r["overrides"].get(x_key, i) for i, r in enumerate(rows)]
@@ -414,9 +310,7 @@ def default_report(sweep: Sweep, rows: list[dict[str, Any]], command: str,
     ax.set_xlabel(x_key or "point")
     ax.set_title(label)
     ax.grid(alpha=0.3)
-  fig.tight_layout()
-  fig.savefig(png_path, dpi=120)
-  plt.close(fig)
+  report_lib.save_figure(fig, png_path)
   return [md_path, png_path]
 
 
@@ -539,7 +433,7 @@ def main(argv: Sequence[str], default_sweep: str | None = None,
       point_config(sweep, p, sets)
   except (FileNotFoundError, AttributeError, KeyError, TypeError, ValueError) as e:
     fail(str(e).strip("'\""))
-  command = command_line()
+  command = report_lib.command_line()
   t0 = time.time()
   failed: list[str] = []
   if not _F.report_only.value:

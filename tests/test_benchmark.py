@@ -12,7 +12,7 @@ import jax
 import pytest
 
 from configs import wmt
-from experiments import benchmark
+from experiments import benchmark, measure
 from transformer.errors import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -39,10 +39,10 @@ def _last_json(stdout: str) -> dict:
 
 
 def test_flop_count_matches_the_peer_formula():
-  assert benchmark.model_flops_per_step(512, 2048, 6, 8192, 32, 64, 64) == _peer_flops(
+  assert measure.model_flops_per_step(512, 2048, 6, 8192, 32, 64, 64) == _peer_flops(
     512, 2048, 6, 8192, 32, 64, 64
   )
-  assert benchmark.model_flops_per_step(32, 64, 1, VOCAB, B, S, T) == _peer_flops(
+  assert measure.model_flops_per_step(32, 64, 1, VOCAB, B, S, T) == _peer_flops(
     32, 64, 1, VOCAB, B, S, T
   )
 
@@ -201,7 +201,7 @@ NO_TORCH = "import sys; sys.modules['torch'] = None; "  # `import torch` raises 
 def test_torch_peer_flops_match_the_benchmark(shape):
   from experiments import torch_peer
 
-  assert torch_peer.model_flops_per_step(*shape) == benchmark.model_flops_per_step(*shape)
+  assert torch_peer.model_flops_per_step(*shape) == measure.model_flops_per_step(*shape)
 
 
 def test_torch_peer_runs_without_torch_or_jax_until_main():

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from configs import numbers
-from experiments import attention_maps, heads, seq_len, sweep, tasks
+from experiments import attention_maps, heads, measure, seq_len, sweep, tasks
 from transformer.validate import model_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -208,7 +208,7 @@ def test_seq_len_cost_tiny(tiny_cost):
   assert by[("lstm", 8)]["hlo_iterations"] == 6 * 8
   # Equal parameter counts (to the LSTM's nearest width).
   assert abs(by[("lstm", 8)]["params"] / by[("xla", 8)]["params"] - 1) < 0.05
-  exp = seq_len.exponents(records, "temp_memory_bytes", 8)
+  exp = measure.exponents(records, "temp_memory_bytes", 8)
   assert exp["xla"][0] > 0 and exp["lstm"] == (None, None)
 
 
@@ -247,16 +247,16 @@ def test_loop_iterations_nested():
     return jax.lax.fori_loop(0, 3, outer, x)
 
   text = jax.jit(f).lower(jnp.ones(4)).compile().as_text()
-  r = seq_len.loop_iterations(text)
+  r = measure.loop_iterations(text)
   assert r["loops"] == 2 and r["trip_counts"] == [3, 5]
   assert r["iterations"] == 3 + 3 * 5
 
 
 def test_fit_exponent_and_bins():
   ns = [64, 128, 256, 512]
-  assert seq_len.fit_exponent(ns, [3 * n**2 for n in ns]) == pytest.approx(2.0)
-  assert seq_len.fit_exponent(ns, [5.0 * n for n in ns]) == pytest.approx(1.0)
-  assert seq_len.fit_exponent([64], [1.0]) is None
+  assert measure.fit_exponent(ns, [3 * n**2 for n in ns]) == pytest.approx(2.0)
+  assert measure.fit_exponent(ns, [5.0 * n for n in ns]) == pytest.approx(1.0)
+  assert measure.fit_exponent([64], [1.0]) is None
   assert seq_len.predict_step_s([(64, 1.0), (128, 4.0)], 256) == pytest.approx(16.0)
   bins = seq_len.length_bins([16, 24])
   assert bins == [(1, 16), (17, 24), (25, None)]
@@ -303,7 +303,7 @@ def test_long_range_models_have_equal_parameter_counts():
   (_, tcfg, tmc), (_, lcfg, lmc) = claims.long_range_configs(s)
   assert tmc.kind == "transformer" and lmc.kind == "lstm"
   assert tmc.vocab_size == lmc.vocab_size == tasks.vocab_size(8) == tcfg.data.vocab_size
-  pt, pl = seq_len._param_count(tmc), seq_len._param_count(lmc)
+  pt, pl = measure.model_param_count(tmc), measure.model_param_count(lmc)
   assert abs(pl / pt - 1) < 0.05
   # Decoding caches: the Transformer's grows with n, the LSTM's does not.
   assert claims.decode_cache_bytes(tmc, 16) > claims.decode_cache_bytes(tmc, 8)

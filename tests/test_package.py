@@ -68,21 +68,68 @@ def test_no_module_imports_another_modules_private_name():
   assert not private, private
 
 
-def test_the_library_has_no_import_cycle():
-  graph = {m: {t for t, _ in e if t.startswith("transformer")}
-           for m, e in project_imports().items() if m.startswith("transformer")}
+def _find_cycles(graph):
+  """Import cycles of {module: {imported modules}}, each as a path ending where it started."""
   state, cycles = {}, []
 
   def visit(m, path):
     state[m] = "open"
-    for t in graph.get(m, ()):
+    for t in sorted(graph.get(m, ())):
       if state.get(t) == "open":
         cycles.append(path[path.index(t):] + [t])
       elif t not in state:
         visit(t, path + [t])
     state[m] = "done"
 
-  for m in graph:
+  for m in sorted(graph):
     if m not in state:
       visit(m, [m])
+  return cycles
+
+
+def test_the_library_has_no_import_cycle():
+  graph = {m: {t for t, _ in e if t.startswith("transformer")}
+           for m, e in project_imports().items() if m.startswith("transformer")}
+  cycles = _find_cycles(graph)
   assert not cycles, cycles
+
+
+def test_experiments_and_library_have_no_import_cycle():
+  graph = {m: {t for t, _ in e if t.startswith(("transformer", "experiments"))}
+           for m, e in project_imports().items() if m.startswith(("transformer", "experiments"))}
+  cycles = _find_cycles(graph)
+  assert not cycles, cycles
+
+
+def defines_flags_on_import(path):
+  """Whether a module defines absl flags at its top level (`flags.DEFINE_...` outside functions),
+  so that importing it defines them: two such modules in one process would clash."""
+  with open(path) as f:
+    tree = ast.parse(f.read())
+  for stmt in tree.body:
+    if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+      continue
+    if isinstance(stmt, ast.If) and "__main__" in ast.unparse(stmt.test):
+      continue  # runs only as the program, not on import
+    for node in ast.walk(stmt):
+      if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+          and isinstance(node.func.value, ast.Name)
+          and node.func.value.id in ("flags", "config_flags")
+          and node.func.attr.startswith("DEFINE_")):
+        return True
+  return False
+
+
+def test_no_experiment_imports_a_module_that_defines_flags():
+  """Commands define their flags; libraries (measure, report, sweep, ...) are imported instead."""
+  flag_modules = set()
+  for m in project_imports():
+    path = os.path.join(REPO, *m.split(".")) + ".py"
+    if not os.path.exists(path):
+      path = os.path.join(REPO, *m.split("."), "__init__.py")
+    if defines_flags_on_import(path):
+      flag_modules.add(m)
+  assert {"experiments.benchmark", "transformer.main"} <= flag_modules  # the check sees them
+  bad = sorted({(m, t) for m, edges in project_imports().items() if m.startswith("experiments")
+               for t, _ in edges if t in flag_modules and t != m})
+  assert not bad, bad

@@ -1,0 +1,316 @@
+"""Measurement helpers shared by the experiments: FLOPs, parameters, memory, loops, timing, fits.
+
+A library without flags: the experiment commands (benchmark.py, decode_benchmark.py,
+seq_len.py, claims.py, sweep.py, pipeline_benchmark.py) import it, never each other's flags.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+# ----------------------------------------------------------------------------- arguments
+
+
+def check_at_least(checks: Iterable[tuple[str, int, int]]) -> None:
+  """Raises ConfigError for the first (name, value, minimum) whose value is below its minimum."""
+  from transformer.errors import ConfigError
+
+  for name, value, minimum in checks:
+    if value < minimum:
+      raise ConfigError(f"{name}={value}: must be >= {minimum}")
+
+
+# ----------------------------------------------------------------------------- FLOPs
+
+
+def model_flops_per_step(
+  d_model: int,
+  d_ff: int,
+  num_layers: int,
+  vocab_size: int,
+  batch_size: int,
+  src_len: int,
+  tgt_len: int,
+  attn_width: int | None = None,
+) -> int:
+  """Model FLOPs of one training step, counted as the PyTorch peer counts them.
+
+  6 per parameter per token for the matrix products (2 forward, 4 backward), plus the
+  attention score (Q K^T) and mix (weights V) products, also tripled for the backward pass:
+    forward matmuls   = 2 * [B*S * L * (4 d a + 2 d f) + B*T * L * (8 d a + 2 d f) + B*T * d V]
+    forward attention = 2 * 2 * B * a * L * (S^2 + T^2 + T*S)
+    step              = 3 * (forward matmuls + forward attention)
+  where a = heads * head_dim (= d_model in the paper's configs, and in the peer). As in the
+  peer, the cross-attention key/value projections are counted per target token (exact when
+  S == T), the decoder self-attention is counted over the full T x T square although it is
+  causal, and embedding lookups, layer norms, softmax and the optimiser are not counted.
+  """
+  d, f, layers, vocab = d_model, d_ff, num_layers, vocab_size
+  a = d if attn_width is None else attn_width
+  ts, tt = batch_size * src_len, batch_size * tgt_len
+  matmul_fwd = ts * layers * (4 * d * a + 2 * d * f) * 2  # encoder projections and FFN
+  matmul_fwd += tt * layers * (8 * d * a + 2 * d * f) * 2  # decoder self + cross + FFN
+  matmul_fwd += tt * d * vocab * 2  # logits
+  attn_fwd = 2 * 2 * batch_size * a * layers * (src_len**2 + tgt_len**2 + tgt_len * src_len)
+  return 3 * (matmul_fwd + attn_fwd)
+
+
+def measure_matmul_flops(n: int = 2048, repeats: int = 5) -> float:
+  """The best float32 FLOP/s of a jitted [n, n] @ [n, n] product on the default device."""
+  import jax
+  import jax.numpy as jnp
+
+  kx, ky = jax.random.split(jax.random.key(0))
+  x = jax.random.normal(kx, (n, n), jnp.float32)
+  y = jax.random.normal(ky, (n, n), jnp.float32)
+  dot = jax.jit(jnp.dot)
+  for _ in range(2):
+    dot(x, y).block_until_ready()
+  times = []
+  for _ in range(max(repeats, 1)):
+    t = time.perf_counter()
+    dot(x, y).block_until_ready()
+    times.append(time.perf_counter() - t)
+  return 2 * n**3 / min(times)
+
+
+# ----------------------------------------------------------------------------- parameters
+
+
+def count_params(tree: Any) -> int:
+  """Number of scalars in a pytree of arrays or shapes (boxed `nn.Partitioned` leaves too)."""
+  import flax.linen as nn
+  import jax
+  import numpy as np
+
+  return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nn.unbox(tree)))
+
+
+def model_param_count(mc: Any) -> int:
+  """Parameters of the model of a ModelConfig, from `jax.eval_shape` (no FLOPs, no memory)."""
+  import jax
+  import jax.numpy as jnp
+
+  from transformer.model_family import build_model
+
+  tokens = jnp.ones((1, 2), jnp.int32)
+  shapes = jax.eval_shape(lambda: build_model(mc).init(jax.random.key(0), tokens, tokens))
+  return count_params(shapes["params"])
+
+
+def param_count(config: Any) -> int:
+  """Parameters of a training config's model (`model_param_count` of its ModelConfig)."""
+  from transformer.validate import model_config
+
+  return model_param_count(model_config(config))
+
+
+# ----------------------------------------------------------------------------- batches, memory
+
+
+def random_batch(
+  rng: Any, batch_size: int, src_len: int, tgt_len: int, vocab_size: int
+) -> dict[str, Any]:
+  """Host batch of random ids in [2, vocab) (no padding, no EOS): int32 [B, S] and [B, T]."""
+  import numpy as np
+
+  return {
+    "inputs": rng.integers(2, vocab_size, size=(batch_size, src_len)).astype(np.int32),
+    "targets": rng.integers(2, vocab_size, size=(batch_size, tgt_len)).astype(np.int32),
+  }
+
+
+def memory_stats(compiled: Any) -> dict[str, int | None]:
+  """Per-device byte counts from XLA's memory analysis of a compiled program.
+
+  temp_memory_bytes: XLA's temporary buffers (activations kept for the backward pass,
+  gradients, workspace), arguments and outputs excluded. peak_memory_bytes: arguments +
+  outputs - aliased + temp, all live at once: an upper bound of what the program holds.
+  xla_peak_memory_bytes: `peak_memory_in_bytes` as XLA reports it (on XLA:CPU about the
+  arguments only, so not used for the peak). All None where the backend does not report it.
+  """
+  keys = (
+    "temp_memory_bytes",
+    "peak_memory_bytes",
+    "xla_peak_memory_bytes",
+    "argument_memory_bytes",
+    "output_memory_bytes",
+    "alias_memory_bytes",
+  )
+  m = compiled.memory_analysis()
+  if m is None:  # some backends do not report it
+    return dict.fromkeys(keys)
+  args, out, alias, temp = (
+    int(m.argument_size_in_bytes),
+    int(m.output_size_in_bytes),
+    int(m.alias_size_in_bytes),
+    int(m.temp_size_in_bytes),
+  )
+  xla_peak = getattr(m, "peak_memory_in_bytes", None)
+  values = (
+    temp,
+    args + out - alias + temp,
+    None if xla_peak is None else int(xla_peak),
+    args,
+    out,
+    alias,
+  )
+  return dict(zip(keys, values, strict=True))
+
+
+# ----------------------------------------------------------------------------- timing
+
+
+def compile_timed(lower: Callable[[], Any]) -> tuple[Any, float, float]:
+  """(compiled program, lowering seconds, XLA compilation seconds) of `lower()`'s program."""
+  t0 = time.perf_counter()
+  lowered = lower()
+  t1 = time.perf_counter()
+  compiled = lowered.compile()
+  return compiled, t1 - t0, time.perf_counter() - t1
+
+
+def time_steps(step: Callable[..., tuple[Any, Any]], state: Any, batches: Sequence[Any],
+               rng: Any) -> tuple[Any, Any, list[float], list[float]]:
+  """Runs `state, metrics = step(state, batch, rng)` over `batches`, one after the other.
+
+  Each step is synchronised (`block_until_ready`) before its clocks stop. Returns the last
+  state and metrics, and the wall and CPU (all threads of this process) seconds of each step;
+  the caller drops the warm-up steps.
+  """
+  import jax
+
+  metrics = None
+  times, cpu_times = [], []
+  for batch in batches:
+    c = time.process_time()
+    t = time.perf_counter()
+    state, metrics = step(state, batch, rng)
+    jax.block_until_ready((state, metrics))
+    times.append(time.perf_counter() - t)
+    cpu_times.append(time.process_time() - c)
+  return state, metrics, times, cpu_times
+
+
+# ----------------------------------------------------------------------------- HLO loops
+
+
+_COMPUTATION = re.compile(r"^\s*(?:ENTRY\s+)?%?([\w.\-]+)\s*(?:\([^)]*\)|\(.*\))?.*\{\s*$")
+_WHILE = re.compile(r"\bwhile\(.*?body=%?([\w.\-]+)")
+_TRIP = re.compile(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"?(\d+)"?')
+_CALLEE = re.compile(
+  r"\b(?:body|condition|calls|to_apply|true_computation|false_computation)=%?([\w.\-]+)"
+)
+_BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
+
+
+def loop_iterations(hlo_text: str) -> dict[str, Any]:
+  """Sequential loop iterations in a compiled HLO module (its `as_text()`).
+
+  Every `while` runs its body `known_trip_count` times one after the other; a loop inside
+  another's body runs that often per outer iteration. Returns {'loops': number of while ops,
+  'iterations': total sequential iterations (outer trip counts multiplied in), 'unknown':
+  loops without a known trip count (counted once), 'trip_counts': sorted list}.
+  """
+  computations: dict[str, list[str]] = {}
+  entry = None
+  current = None
+  for line in hlo_text.splitlines():
+    stripped = line.strip()
+    if current is None:
+      m = _COMPUTATION.match(line)
+      if m and "=" not in stripped.split("(")[0]:
+        current = m.group(1)
+        computations[current] = []
+        if stripped.startswith("ENTRY"):
+          entry = current
+      continue
+    if stripped == "}":
+      current = None
+      continue
+    computations[current].append(stripped)
+
+  loops: list[tuple[str, int | None, str]] = []  # (computation holding it, trips, body)
+  edges: dict[str, list[tuple[str, bool, str]]] = {c: [] for c in computations}
+  for name, lines in computations.items():
+    for ln in lines:
+      w = _WHILE.search(ln)
+      trip = None
+      if w:
+        t = _TRIP.search(ln)
+        trip = int(t.group(1)) if t else None
+        loops.append((name, trip, w.group(1)))
+      for callee in _CALLEE.findall(ln):
+        is_body = bool(w) and callee == w.group(1)
+        edges[name].append((callee, is_body, ln))
+      for group in _BRANCHES.findall(ln):
+        for callee in re.findall(r"%?([\w.\-]+)", group):
+          edges[name].append((callee, False, ln))
+
+  # Multiplicity of each computation: how many times it runs per step (outer trips multiplied).
+  mult: dict[str, int] = {}
+
+  def visit(name: str, factor: int, depth: int = 0) -> None:
+    if depth > 64 or name not in computations:
+      return
+    mult[name] = mult.get(name, 0) + factor
+    for callee, is_body, ln in edges.get(name, []):
+      trip = 1
+      if is_body:
+        t = _TRIP.search(ln)
+        trip = int(t.group(1)) if t else 1
+      visit(callee, factor * trip, depth + 1)
+
+  visit(entry or next(iter(computations), ""), 1)
+  total = 0
+  unknown = 0
+  for holder, trip, _ in loops:
+    runs = mult.get(holder, 0)
+    if trip is None:
+      unknown += 1
+      total += runs
+    else:
+      total += runs * trip
+  return {
+    "loops": len(loops),
+    "iterations": total,
+    "unknown": unknown,
+    "trip_counts": sorted(t for _, t, _ in loops if t is not None),
+  }
+
+
+# ----------------------------------------------------------------------------- growth fits
+
+
+def fit_exponent(ns: Sequence[float], ys: Sequence[float | None]) -> float | None:
+  """Least-squares slope of log(y) against log(n) over the points with y > 0 (None if < 2)."""
+  pts = [(math.log(n), math.log(y)) for n, y in zip(ns, ys, strict=True) if y and y > 0]
+  if len(pts) < 2:
+    return None
+  mx = sum(x for x, _ in pts) / len(pts)
+  my = sum(y for _, y in pts) / len(pts)
+  sxx = sum((x - mx) ** 2 for x, _ in pts)
+  if sxx == 0:
+    return None
+  return sum((x - mx) * (y - my) for x, y in pts) / sxx
+
+
+def exponents(records: list[dict[str, Any]], key: str,
+              fit_from: int) -> dict[str, tuple[float | None, float | None]]:
+  """Per kind: slope of log(key) on log(n) over all n and over n >= fit_from.
+
+  `records` are dicts with 'kind', 'n' and `key` (seq_len.cost_sweep's records).
+  """
+  out = {}
+  for kind in dict.fromkeys(r["kind"] for r in records):
+    rs = [r for r in records if r["kind"] == kind]
+    tail = [r for r in rs if r["n"] >= fit_from]
+    out[kind] = (
+      fit_exponent([r["n"] for r in rs], [r[key] for r in rs]),
+      fit_exponent([r["n"] for r in tail], [r[key] for r in tail]),
+    )
+  return out
