@@ -10,6 +10,9 @@ one is used.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import os
 import time
 from typing import Any
@@ -22,6 +25,7 @@ from absl import logging
 
 from transformer import storage
 from transformer.errors import CheckpointError
+from transformer.model import ModelConfig
 
 
 class Checkpointer:
@@ -156,3 +160,36 @@ def average_params(checkpointer: Checkpointer, steps: list[int], abstract_state:
     params = jax.tree.map(lambda x: x.astype(jnp.float32), params)
     total = params if total is None else jax.tree.map(jnp.add, total, params)
   return jax.tree.map(lambda x: x / np.float32(len(steps)), total)
+
+
+def run_meta(config: Any, model_config: ModelConfig, vocab_path: str) -> dict[str, Any]:
+  """What a checkpoint must agree on with the run that restores it."""
+  vocab_sha = hashlib.sha256(storage.as_path(vocab_path).read_bytes()).hexdigest()
+  model = dataclasses.asdict(model_config)
+  return {"model": model, "vocab_sha256": vocab_sha, "config": json.loads(config.to_json())}
+
+
+# Fields that may differ between a checkpoint and the run restoring it: they change how the
+# computation is done, not the parameters.
+_COMPATIBLE_FIELDS = ("dtype", "attention", "attention_chunk_size", "remat", "dropout_rate",
+                      "attention_dropout_rate", "dropout_mask_bits")
+
+
+def check_meta(expected: dict[str, Any]):
+  def check(meta: dict[str, Any], path: str) -> None:
+    if meta.get("vocab_sha256") != expected["vocab_sha256"]:
+      raise CheckpointError(
+        f"checkpoint {path} was trained with another vocabulary than the workdir's; "
+        "use a new --workdir"
+      )
+    old, new = meta.get("model", {}), expected["model"]
+    for field in sorted(set(old) | set(new)):
+      if field in _COMPATIBLE_FIELDS:
+        continue
+      if old.get(field) != new.get(field):
+        raise CheckpointError(
+          f"checkpoint {path} has model.{field}={old.get(field)!r} but the config has "
+          f"{new.get(field)!r}; use a new --workdir or the checkpoint's config"
+        )
+
+  return check

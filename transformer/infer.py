@@ -19,11 +19,11 @@ import jax
 
 from transformer import sharding as sharding_lib
 from transformer import storage
-from transformer.checkpoint import Checkpointer, average_params
+from transformer.checkpoint import Checkpointer, average_params, check_meta, run_meta
 from transformer.data.input_pipeline import vocab_path
 from transformer.data.tokenizer import Tokenizer
 from transformer.errors import CheckpointError
-from transformer.train import Trainer, check_meta, run_meta
+from transformer.train import Trainer
 from transformer.translate import Translator
 from transformer.validate import validate
 

@@ -126,13 +126,13 @@ def main(argv: list[str]) -> None:
     if _MODE.value == "train":
       _train(config, workdir)
     elif _MODE.value == "translate":
-      from transformer import cli_translate
+      from transformer import modes
 
-      cli_translate.translate_stream(config, workdir, _INPUT.value, _AVERAGE.value)
+      modes.translate_stream(config, workdir, _INPUT.value, _AVERAGE.value)
     else:
-      from transformer import cli_translate
+      from transformer import modes
 
-      cli_translate.average_and_evaluate(config, workdir, _AVERAGE.value)
+      modes.average_and_evaluate(config, workdir, _AVERAGE.value)
   except UserError as e:
     fail(str(e))
   except FloatingPointError as e:

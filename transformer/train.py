@@ -9,9 +9,6 @@ with those output shardings, so parameters and optimiser state are created alrea
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import hashlib
-import json
 import os
 import signal
 import time
@@ -26,15 +23,15 @@ from absl import logging
 from transformer import bleu as bleu_lib
 from transformer import sharding as sharding_lib
 from transformer import storage
-from transformer.checkpoint import Checkpointer, average_params
+from transformer.checkpoint import Checkpointer, average_params, check_meta, run_meta
 from transformer.data import input_pipeline
-from transformer.errors import CheckpointError, ConfigError
+from transformer.errors import ConfigError
 from transformer.metrics import MetricWriter, summarize
 from transformer.model import ModelConfig
 from transformer.model_family import build_model
 from transformer.prefetch import Prefetcher
 from transformer.train_state import TrainState, make_eval_step, make_optimizer, make_train_step
-from transformer.translate import Translator
+from transformer.translate import Translator, bleu_on
 from transformer.validate import validate
 
 
@@ -120,50 +117,6 @@ def evaluate(trainer: Trainer, params: Any, batches: list[dict[str, np.ndarray]]
     for k, v in jax.device_get(sums).items():
       totals[k] = totals.get(k, 0.0) + float(v)
   return summarize(totals, prefix)
-
-
-def bleu_on(translator: Translator, params: Any, tokenizer, pairs: list[tuple[str, str]],
-            path: str | os.PathLike | None) -> tuple[bleu_lib.BleuResult, list[str]]:
-  """Translates the sources of `pairs`, scores against the targets, writes the outputs."""
-  src_ids = [tokenizer.encode(s) for s, _ in pairs]
-  hyps = [tokenizer.decode(ids) for ids in translator.translate_ids(params, src_ids)]
-  result = bleu_lib.corpus_bleu(hyps, [t for _, t in pairs])
-  if path is not None and jax.process_index() == 0:
-    storage.write_atomic(path, "".join(h + "\n" for h in hyps))
-  return result, hyps
-
-
-def run_meta(config: Any, model_config: ModelConfig, vocab_path: str) -> dict[str, Any]:
-  """What a checkpoint must agree on with the run that restores it."""
-  vocab_sha = hashlib.sha256(storage.as_path(vocab_path).read_bytes()).hexdigest()
-  model = dataclasses.asdict(model_config)
-  return {"model": model, "vocab_sha256": vocab_sha, "config": json.loads(config.to_json())}
-
-
-# Fields that may differ between a checkpoint and the run restoring it: they change how the
-# computation is done, not the parameters.
-_COMPATIBLE_FIELDS = ("dtype", "attention", "attention_chunk_size", "remat", "dropout_rate",
-                      "attention_dropout_rate", "dropout_mask_bits")
-
-
-def check_meta(expected: dict[str, Any]):
-  def check(meta: dict[str, Any], path: str) -> None:
-    if meta.get("vocab_sha256") != expected["vocab_sha256"]:
-      raise CheckpointError(
-        f"checkpoint {path} was trained with another vocabulary than the workdir's; "
-        "use a new --workdir"
-      )
-    old, new = meta.get("model", {}), expected["model"]
-    for field in sorted(set(old) | set(new)):
-      if field in _COMPATIBLE_FIELDS:
-        continue
-      if old.get(field) != new.get(field):
-        raise CheckpointError(
-          f"checkpoint {path} has model.{field}={old.get(field)!r} but the config has "
-          f"{new.get(field)!r}; use a new --workdir or the checkpoint's config"
-        )
-
-  return check
 
 
 class _StopSignal:

@@ -6,6 +6,7 @@ translate mode.
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,8 +15,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from transformer import bleu as bleu_lib
 from transformer import decode as decode_lib
 from transformer import sharding as sharding_lib
+from transformer import storage
 from transformer.model import ModelConfig
 from transformer.model_family import build_model
 
@@ -146,3 +149,14 @@ def _until_eos(ids: np.ndarray) -> list[int]:
       break
     out.append(t)
   return out
+
+
+def bleu_on(translator: Translator, params: Any, tokenizer, pairs: list[tuple[str, str]],
+            path: str | os.PathLike | None) -> tuple[bleu_lib.BleuResult, list[str]]:
+  """Translates the sources of `pairs`, scores against the targets, writes the outputs."""
+  src_ids = [tokenizer.encode(s) for s, _ in pairs]
+  hyps = [tokenizer.decode(ids) for ids in translator.translate_ids(params, src_ids)]
+  result = bleu_lib.corpus_bleu(hyps, [t for _, t in pairs])
+  if path is not None and jax.process_index() == 0:
+    storage.write_atomic(path, "".join(h + "\n" for h in hyps))
+  return result, hyps
