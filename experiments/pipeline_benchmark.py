@@ -120,9 +120,7 @@ def one_start(config: Any, workdir: str, batches: int) -> dict[str, Any]:
   train = input_pipeline.TrainBatches(split, config,
                                       batch_multiple=sharding_lib.data_parallel_size(mesh))
   train.batch(0)  # draws the first epoch's plan
-  for name in ("validation", "test"):
-    s, g = input_pipeline.tokenize_pairs(tok, reader.read_pairs(name))
-    input_pipeline.eval_batches(list(zip(s, g, strict=True)), config, 1)
+  input_pipeline.evaluation_data(config, reader, tok, sharding_lib.data_parallel_size(mesh))
   stage("batch plan")
   trainer = Trainer(config, mesh, model_config)
   state = trainer.init_state(config.seed)

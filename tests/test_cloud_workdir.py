@@ -12,11 +12,7 @@ import time
 import urllib.parse
 import urllib.request
 
-import jax
-import numpy as np
-
-from tests.test_train import FAST_COMPILE, REPO, TINY, final_params, read_metrics, run_main
-from transformer.metrics import read_metrics as read_remote_metrics
+from tests.test_train import FAST_COMPILE, REPO, TINY, assert_same_run, run_main
 
 OVERRIDES = ["--config.num_train_steps=30", "--config.checkpoint_every_steps=5",
              "--config.eval_every_steps=100", "--config.log_every_steps=1"]
@@ -97,12 +93,7 @@ def test_training_in_a_bucket_survives_kill_and_sigterm_and_serves_inference(gcs
   assert third.returncode == 0, third.stderr[-3000:]
   assert "Resumed from the checkpoint of step" in third.stderr
   assert "copying the token cache" in third.stderr and "tokenizing" not in third.stderr
-  step_a, params_a = final_params(straight)
-  step_b, params_b = final_params(workdir)
-  assert step_a == step_b == 30
-  jax.tree.map(np.testing.assert_array_equal, params_a, params_b)
-  loss = lambda recs: {r["step"]: r["train/loss"] for r in recs if "train/loss" in r}
-  assert loss(read_metrics(straight)) == loss(read_remote_metrics(workdir))
+  assert_same_run(straight, workdir, 30)
 
   names = objects(gcs, prefix)
   assert f"{prefix}/vocab/spm.model" in names and f"{prefix}/.lock" not in names

@@ -47,6 +47,19 @@ def final_params(workdir):
   return step, jax.tree.map(np.asarray, restored["state"]["params"])
 
 
+def assert_same_run(straight, other, steps):
+  """`other` (interrupted and resumed, local or gs://) ended as the uninterrupted `straight`:
+  bitwise equal final parameters, and the same loss at every step in its metrics."""
+  from transformer.metrics import read_metrics as read_any_metrics
+
+  step_a, params_a = final_params(straight)
+  step_b, params_b = final_params(other)
+  assert step_a == step_b == steps
+  jax.tree.map(np.testing.assert_array_equal, params_a, params_b)
+  loss = lambda recs: {r["step"]: r["train/loss"] for r in recs if "train/loss" in r}
+  assert loss(read_any_metrics(straight)) == loss(read_any_metrics(other))
+
+
 TINY = ["--config=configs/numbers.py:tiny"]
 
 
@@ -113,13 +126,7 @@ def test_resume_after_kill_is_bitwise_exact(tmp_path):
 
   proc = run_main(*TINY, f"--workdir={interrupted}", *overrides)
   assert proc.returncode == 0, proc.stderr[-3000:]
-  step_a, params_a = final_params(straight)
-  step_b, params_b = final_params(interrupted)
-  assert step_a == step_b == 12
-  jax.tree.map(np.testing.assert_array_equal, params_a, params_b)
-  # The metrics read as one run: the losses of every step agree too.
-  loss = lambda recs: {r["step"]: r["train/loss"] for r in recs if "train/loss" in r}
-  assert loss(read_metrics(straight)) == loss(read_metrics(interrupted))
+  assert_same_run(straight, interrupted, 12)  # the metrics read as one run too
 
 
 def test_mock_wmt_runs_offline(tmp_path):

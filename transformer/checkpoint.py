@@ -11,7 +11,6 @@ one is used.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import time
@@ -162,11 +161,11 @@ def average_params(checkpointer: Checkpointer, steps: list[int], abstract_state:
   return jax.tree.map(lambda x: x / np.float32(len(steps)), total)
 
 
-def run_meta(config: Any, model_config: ModelConfig, vocab_path: str) -> dict[str, Any]:
-  """What a checkpoint must agree on with the run that restores it."""
-  vocab_sha = hashlib.sha256(storage.as_path(vocab_path).read_bytes()).hexdigest()
+def run_meta(config: Any, model_config: ModelConfig, vocab_sha256: str) -> dict[str, Any]:
+  """What a checkpoint must agree on with the run that restores it (`vocab_sha256`: the
+  vocabulary file's hash, `Tokenizer.sha256`)."""
   model = dataclasses.asdict(model_config)
-  return {"model": model, "vocab_sha256": vocab_sha, "config": json.loads(config.to_json())}
+  return {"model": model, "vocab_sha256": vocab_sha256, "config": json.loads(config.to_json())}
 
 
 # Fields that may differ between a checkpoint and the run restoring it: they change how the

@@ -67,7 +67,7 @@ def restore(config: Any, workdir: str, average: int | None = None) -> Restored:
   mesh = sharding_lib.make_mesh(config.mesh)
   trainer = Trainer(config, mesh, model_config)
   checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), None, async_save=False)
-  meta = run_meta(config, model_config, path)
+  meta = run_meta(config, model_config, tokenizer.sha256)
   n = config.average_last_checkpoints if average is None else average
   if n > 1:
     steps = checkpointer.all_steps()[-n:]

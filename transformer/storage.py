@@ -221,8 +221,19 @@ def local_file_lock(path: PathLike) -> Iterator[None]:
     os.close(fd)  # Closing drops the lock.
 
 
+def wait_for(path: PathLike, timeout: float, what: str, poll: float = 1.0) -> None:
+  """Waits until `path` exists (written by another process); after `timeout` seconds raises
+  `UserError` naming `what` and the path."""
+  path = as_path(path)
+  start = time.time()
+  while not path.exists():
+    if time.time() - start > timeout:
+      raise UserError(f"waited {timeout:.0f} s for process 0 to write {what} {path}; "
+                      "is it running?")
+    time.sleep(poll)
+
+
 def local_cache_root() -> str:
   """Local directory for copies of remote files that must be memory-mapped."""
-  base = os.environ.get("TRANSFORMER_CACHE") or os.path.join(
+  return os.environ.get("TRANSFORMER_CACHE") or os.path.join(
     os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "transformer")
-  return base

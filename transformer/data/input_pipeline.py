@@ -30,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -144,12 +143,8 @@ def get_tokenizer(config: Any, workdir: str, reader: SplitReader | None, *,
   its file.
   """
   path = storage.as_path(vocab_path(workdir))
-  if not path.exists() and not builder:
-    start = time.time()
-    while not path.exists():
-      if time.time() - start > wait_timeout:
-        raise DataError(f"waited {wait_timeout:.0f} s for process 0 to write {path}")
-      time.sleep(1.0)
+  if not builder:
+    storage.wait_for(path, wait_timeout, "the vocabulary")
   if path.exists():
     tok = Tokenizer.load(path)
   else:

@@ -213,6 +213,7 @@ def build_numbers(data_dir: str | None, config_name: str = "default") -> Numbers
   lock = (contextlib.nullcontext() if storage.is_remote(data_dir)
           else storage.local_file_lock(os.path.join(data_dir, f"{NAME}.lock")))
   with lock:
+    # Whoever held the lock before may have built it: look again, with a fresh builder.
     builder = NumbersTranslate(config=config_name, data_dir=data_dir)
     if not builder.is_prepared():
       # Statistics over text features are slow and unused here.
@@ -220,7 +221,7 @@ def build_numbers(data_dir: str | None, config_name: str = "default") -> Numbers
         compute_stats=tfds.download.ComputeStatsMode.SKIP, try_download_gcs=False
       )
       builder.download_and_prepare(download_config=download_config)
-  return NumbersTranslate(config=config_name, data_dir=data_dir)
+  return builder
 
 
 def load_numbers(

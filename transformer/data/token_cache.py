@@ -166,15 +166,6 @@ def _complete(directory: epath.Path) -> bool:
   return (directory / "meta.json").exists()
 
 
-def _wait_for(directory: epath.Path, timeout: float, poll: float = 1.0) -> None:
-  start = time.time()
-  while not _complete(directory):
-    if time.time() - start > timeout:
-      raise DataError(f"waited {timeout:.0f} s for process 0 to write the token cache "
-                      f"{directory}; is it running?")
-    time.sleep(poll)
-
-
 def load_or_build(reader: Any, split: str, tokenizer: Tokenizer, root: epath.Path, *,
                   builder: bool = True, wait_timeout: float = 4 * 3600) -> TokenizedSplit:
   """The tokenized `split` of `reader` (a `tfds_io.SplitReader`), from the cache or built.
@@ -187,7 +178,7 @@ def load_or_build(reader: Any, split: str, tokenizer: Tokenizer, root: epath.Pat
     builder: whether this process may build (process 0); others wait for the result.
     wait_timeout: seconds a non-building process waits for the cache.
   """
-  vocab_sha = hashlib.sha256(storage.as_path(tokenizer.path).read_bytes()).hexdigest()
+  vocab_sha = tokenizer.sha256
   name = f"{split}-{cache_key(reader.fingerprint(), split, vocab_sha)}"
   canonical = root / name
   remote = storage.is_remote(root)
@@ -195,7 +186,7 @@ def load_or_build(reader: Any, split: str, tokenizer: Tokenizer, root: epath.Pat
   if not os.path.exists(os.path.join(local, "meta.json")):
     if not builder:
       logging.info("waiting for process 0 to write the token cache %s", canonical)
-      _wait_for(canonical, wait_timeout)
+      storage.wait_for(canonical / "meta.json", wait_timeout, "the token cache")
     with storage.local_file_lock(local + ".lock"):
       if not os.path.exists(os.path.join(local, "meta.json")):
         tmp = tempfile.mkdtemp(prefix=f".{name}-", dir=os.path.dirname(local))

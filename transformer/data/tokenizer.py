@@ -7,6 +7,7 @@ right, with 0 in front).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -36,9 +37,11 @@ class VocabSizeError(DataError):
 class Tokenizer:
   """Encodes text to ids ending in EOS and decodes ids back to text."""
 
-  def __init__(self, processor: spm.SentencePieceProcessor, path: str = "<memory>"):
+  def __init__(self, processor: spm.SentencePieceProcessor, path: str = "<memory>",
+               sha256: str = ""):
     self._sp = processor
     self.path = path
+    self.sha256 = sha256  # of the model file: checkpoints and the token cache are keyed by it
 
   @classmethod
   def train(
@@ -150,7 +153,7 @@ class Tokenizer:
         f"SentencePiece model {path} has pad_id={sp.pad_id()}, eos_id={sp.eos_id()}; "
         f"expected {PAD_ID} and {EOS_ID}"
       )
-    return cls(sp, os.fspath(path))
+    return cls(sp, os.fspath(path), hashlib.sha256(data).hexdigest())
 
   @property
   def vocab_size(self) -> int:
