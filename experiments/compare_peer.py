@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import shlex
 import subprocess
 import sys
 import time
@@ -107,27 +105,6 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
   return rows
 
 
-def _public_path(path: str) -> str:
-  """A path inside the repository relative to it; any other by its last component."""
-  if os.path.commonpath([ROOT, os.path.abspath(path)]) == ROOT:
-    return os.path.relpath(path, ROOT)
-  return os.path.basename(path)
-
-
-def public_command(command: str) -> str:
-  """The command without this machine's paths, for the report: the peer's Python as PY, and
-  every absolute path (after `=` or `,`, or a whole word) through `_public_path`."""
-  words = shlex.split(command)
-  for i, word in enumerate(words):
-    if word.startswith("--peer_python="):
-      words[i] = "--peer_python=PY"
-    elif i and words[i - 1] == "--peer_python":
-      words[i] = "PY"
-    else:
-      words[i] = re.sub(r"(^|[=,])(/[^=,]+)", lambda m: m[1] + _public_path(m[2]), word)
-  return shlex.join(words)
-
-
 def report(records: list[dict[str, Any]], command: str) -> str:
   rows = summarize(records)
   ours0 = next(r for r in records if r["program"] == "ours")
@@ -154,7 +131,7 @@ def report(records: list[dict[str, Any]], command: str) -> str:
     "by the same formula.\n",
     "## Command\n", f"```\n{command}\n```\n",
     "`PY`: a Python with torch (requirements-peer.txt). The peer's script: "
-    f"`{_public_path(_PEER.value)}`.\n",
+    f"`{report_lib.public_path(_PEER.value)}`.\n",
     "## Machine\n", report_lib.hardware_markdown(report_lib.hardware()),
     f"- Peer: torch {peer0.get('torch', '?')}, {peer0.get('threads', '?')} threads. "
     f"Load average (1 min) at the start of the runs: {min(loads):.2f} to {max(loads):.2f}.\n",
@@ -192,7 +169,8 @@ def main(argv: list[str]) -> None:
           print(f"[compare_peer] round {round_ + 1}/{_ROUNDS.value} {name:14s} {program}: "
                 f"{record['tokens_per_s']:.0f} tokens/s ({time.time() - t:.0f} s)", flush=True)
   with open(_OUT.value + ".md", "w") as f:
-    f.write(report(records, public_command(report_lib.command_line())))
+    f.write(report(records, report_lib.public_command(report_lib.command_line(),
+                                                         hide=("--peer_python",))))
   for r in summarize(records):
     print(f"[compare_peer] {r['variant']}: ours {r['ours_best']:.0f} / peer {r['peer_best']:.0f} "
           f"tokens/s = {r['ratio']:.2f}x")

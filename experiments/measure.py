@@ -1,7 +1,7 @@
 """Measurement helpers shared by the experiments: FLOPs, parameters, memory, loops, timing, fits.
 
-A library without flags: the experiment commands (benchmark.py, decode_benchmark.py,
-seq_len.py, claims.py, sweep.py, pipeline_benchmark.py) import it, never each other's flags.
+A library without flags, imported by the experiment commands and the other experiment
+libraries (step_cost.py, long_range.py, sweeps.py).
 """
 
 from __future__ import annotations
@@ -107,6 +107,36 @@ def param_count(config: Any) -> int:
   from transformer.validate import model_config
 
   return model_param_count(model_config(config))
+
+
+def equal_size_lstm(config: Any, attention: bool = True) -> Any:
+  """A copy of a Transformer config whose model is the LSTM baseline with the same number of
+  parameters (`rnn.lstm_config_for_params`), with or without its attention over the encoder."""
+  import dataclasses
+
+  from transformer.model import ModelConfig
+  from transformer.rnn import lstm_config_for_params
+  from transformer.validate import model_config
+
+  transformer = dataclasses.replace(model_config(config), kind="transformer")
+  base = dataclasses.replace(transformer, lstm_attention=attention)
+  lstm = lstm_config_for_params(model_param_count(transformer), base)
+  out = config.copy_and_resolve_references()
+  for field in dataclasses.fields(ModelConfig):
+    out.model[field.name] = getattr(lstm, field.name)
+  return out
+
+
+def decode_cache_bytes(mc: Any, n: int, batch: int = 1) -> int:
+  """Bytes of the incremental-decoding cache for `batch` sentences of n source / n output
+  tokens (from `jax.eval_shape`: the Transformer's keys and values, the LSTM's states)."""
+  import jax
+  import numpy as np
+
+  from transformer.translate import init_cache
+
+  shapes = jax.eval_shape(lambda: init_cache(mc, batch, n, n))
+  return sum(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize for s in jax.tree.leaves(shapes))
 
 
 # ----------------------------------------------------------------------------- batches, memory

@@ -78,6 +78,33 @@ def command_line(argv: Sequence[str] | None = None) -> str:
   return " ".join(prefix + [shlex.quote(a) for a in head + argv[1:]])
 
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def public_path(path: str) -> str:
+  """A path inside the repository relative to it; any other by its last component."""
+  if os.path.commonpath([ROOT, os.path.abspath(path)]) == ROOT:
+    return os.path.relpath(path, ROOT)
+  return os.path.basename(path)
+
+
+def public_command(command: str, hide: Sequence[str] = ()) -> str:
+  """A command without this machine's paths, for a report: the values of the `hide` flags as
+  PY, every other absolute path (after `=` or `,`, or a whole word) through `public_path`."""
+  import re
+
+  words = shlex.split(command)
+  for i, word in enumerate(words):
+    flag = word.split("=", 1)[0]
+    if flag in hide and "=" in word:
+      words[i] = f"{flag}=PY"
+    elif i and words[i - 1] in hide:
+      words[i] = "PY"
+    else:
+      words[i] = re.sub(r"(^|[=,])(/[^=,]+)", lambda m: m[1] + public_path(m[2]), word)
+  return shlex.join(words)
+
+
 def fmt(value: Any, digits: int = 2) -> str:
   """A table cell: '-' for None, floats with `digits` decimals, anything else as str."""
   if value is None:
@@ -115,3 +142,58 @@ def save_figure(fig: Any, path: str, dpi: int = 120) -> None:
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   fig.savefig(path, dpi=dpi)
   plt.close(fig)
+
+
+def write_markdown(path: str, title: str, intro: str, commands: str | dict[str, str],
+                   body: Sequence[str], machine_note: str = "") -> str:
+  """Writes a report: `# title`, the intro, the command(s), `## Machine`, then `body`.
+
+  `commands` is one command, or {part: command} when parts of the report ran separately.
+  """
+  if isinstance(commands, str):
+    cmd = ["## Command\n", f"```\n{commands}\n```\n"]
+  else:
+    cmd = ["## Commands\n"] + [f"{part}:\n\n```\n{c}\n```\n" for part, c in commands.items()]
+  text = [f"# {title}\n", intro + "\n", *cmd, "## Machine\n",
+          hardware_markdown(hardware()) + machine_note, *body]
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  with open(path, "w") as f:
+    f.write("\n".join(text))
+  return path
+
+
+def grid(records: Sequence[dict[str, Any]], rows: str, cols: str,
+         cell: Any) -> tuple[list[Any], list[Any], list[list[Any]]]:
+  """Records pivoted: (row values, column values, cells); `cell(record)` or '-' if none."""
+  row_values = sorted({r[rows] for r in records})
+  col_values = list(dict.fromkeys(r[cols] for r in records))
+  by = {(r[rows], r[cols]): r for r in records}
+  table = [[cell(by[(rv, cv)]) if (rv, cv) in by else "-" for cv in col_values]
+           for rv in row_values]
+  return row_values, col_values, table
+
+
+def plot_series(ax: Any, records: Sequence[dict[str, Any]], x: str, y: Any, group: Any = "kind",
+                style: str = "o-", **kwargs: Any) -> None:
+  """One line per group (a key or a function of the record): `y` (a key or function) against
+  `x`, points with a None value left out."""
+  key = group if callable(group) else (lambda r: r[group])
+  value = y if callable(y) else (lambda r: r[y])
+  for i, g in enumerate(dict.fromkeys(key(r) for r in records)):
+    pts = [(r[x], value(r)) for r in records if key(r) == g and value(r) is not None]
+    ax.plot([p for p, _ in pts], [v for _, v in pts], style, color=f"C{i}", label=str(g),
+            **kwargs)
+
+
+def finish_axes(axes: Any, xlabel: str | None = None, log2_x: bool = False, log_y: bool = False,
+                legend_size: int = 8) -> None:
+  """The common finish of a panel: labels, log scales, grid and legend."""
+  for ax in axes:
+    if xlabel:
+      ax.set_xlabel(xlabel)
+    if log2_x:
+      ax.set_xscale("log", base=2)
+    if log_y:
+      ax.set_yscale("log")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=legend_size)

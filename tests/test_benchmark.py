@@ -12,7 +12,7 @@ import jax
 import pytest
 
 from configs import wmt
-from experiments import benchmark, measure
+from experiments import measure, step_cost
 from transformer.errors import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -125,7 +125,7 @@ def test_compile_only_has_no_timings():
   """steps=0 (in process): compiled and analysed, nothing run, timing fields null."""
   config = wmt.get_config("tiny")
   config.model.scan_layers = True
-  r = benchmark.run_benchmark(config, B, S, T, steps=0)
+  r = step_cost.run_benchmark(config, B, S, T, steps=0)
   assert config.data.vocab_size == config.model.vocab_size
   for key in TIMING_KEYS:
     assert r[key] is None, key
@@ -146,7 +146,7 @@ def test_compile_only_has_no_timings():
 def test_bad_shapes_are_config_errors(kwargs, field):
   args = {"batch_size": B, "src_len": S, "tgt_len": T, "steps": 0, **kwargs}
   with pytest.raises(ConfigError, match=field):
-    benchmark.run_benchmark(wmt.get_config("tiny"), **args)
+    step_cost.run_benchmark(wmt.get_config("tiny"), **args)
 
 
 def test_compare_peer_alternates_and_reports_ratios(tmp_path):
@@ -231,22 +231,21 @@ def test_torch_peer_runs_without_torch_or_jax_until_main():
 
 
 def test_compare_peer_uses_the_repository_peer_and_writes_no_local_paths():
-  probe = (
-    "import json, sys; from experiments import compare_peer as c; print(json.dumps([c.PEER, "
-    "c.public_command(sys.argv[1]), c.public_command(sys.argv[2])]))")
+  from experiments import report
+
+  with open(os.path.join(ROOT, "experiments", "compare_peer.py")) as f:
+    assert 'os.path.join(ROOT, "experiments", "torch_peer.py")' in f.read()
   cmd1 = (f"python -m experiments.compare_peer --peer_python=/opt/env/bin/python "
           f"--peer={PEER_SCRIPT} --out=/scratch/run/cmp --rounds=1")
   cmd2 = (f"python -m experiments.compare_peer --peer_python /opt/env/bin/python "
           f"--benchmark_flags=--config={ROOT}/configs/wmt.py:tiny,--batch_size=8")
-  proc = subprocess.run([sys.executable, "-c", probe, cmd1, cmd2], cwd=ROOT,
-                        capture_output=True, text=True, timeout=60)
-  assert proc.returncode == 0, proc.stderr
-  peer, public1, public2 = json.loads(proc.stdout)
-  assert os.path.samefile(peer, PEER_SCRIPT)
-  assert public1 == ("python -m experiments.compare_peer --peer_python=PY "
-                     "--peer=experiments/torch_peer.py --out=cmp --rounds=1")
-  assert public2 == ("python -m experiments.compare_peer --peer_python PY "
-                     "--benchmark_flags=--config=configs/wmt.py:tiny,--batch_size=8")
+  hide = ("--peer_python",)
+  assert report.public_command(cmd1, hide) == (
+    "python -m experiments.compare_peer --peer_python=PY --peer=experiments/torch_peer.py "
+    "--out=cmp --rounds=1")
+  assert report.public_command(cmd2, hide) == (
+    "python -m experiments.compare_peer --peer_python PY "
+    "--benchmark_flags=--config=configs/wmt.py:tiny,--batch_size=8")
 
 
 def test_the_peer_comparison_points_nowhere_outside_the_repository():

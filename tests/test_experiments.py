@@ -4,7 +4,6 @@ the sequence-length cost measurement, the long-range task, and the attention-map
 Tiny models and few steps only; no assertion on speed.
 """
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -17,7 +16,8 @@ import numpy as np
 import pytest
 
 from configs import numbers
-from experiments import attention_maps, heads, measure, seq_len, sweep, tasks
+from experiments import attention_weights, heads_report, measure, seq_len_report, step_cost, tasks
+from experiments import sweeps as sweep
 from transformer.validate import model_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -50,7 +50,7 @@ def test_heads_sweep_points():
   assert wmt.name == "heads-wmt" and wmt.config.dataset == "wmt14"
   assert [p.overrides["model.num_heads"] for p in wmt.points] == [1, 4, 8, 16, 32]
   assert {512 // p.overrides["model.num_heads"] for p in wmt.points} == set(
-    v[0] for v in heads.PAPER_ROW_A.values())
+    v[0] for v in heads_report.PAPER_ROW_A.values())
 
 
 def test_seq_len_sweep_points():
@@ -166,10 +166,10 @@ def test_heads_report_from_rows(tmp_path):
                  "eval/perplexity": 2.0 + h / 100 + seed / 10 if done else None,
                  "eval/bleu": 20.0 + seed if done else None, "test/bleu": 21.0 if done else None,
                  "params": 692224, "step_s": 0.1 * h if done else None, "wall_s": 60.0})
-  groups = heads.summarize_by_heads(rows, 128)
+  groups = heads_report.summarize_by_heads(rows, 128)
   assert [g["h"] for g in groups] == [1, 2, 4, 8, 16, 32]
   assert groups[0]["d_k"] == 128 and groups[-1]["d_k"] == 4 and groups[-1]["seeds"] == 2
-  paths = heads.report(s, rows, "python -m experiments.heads", str(tmp_path))
+  paths = heads_report.report(s, rows, "python -m experiments.heads", str(tmp_path))
   md = open(paths[0]).read()
   assert "| 1 | 128 | 3/3 | 2.110 ± 0.100 | 21.00 ± 1.00 |" in md
   assert "5.29" in md and "24.9" in md and "Vaswani" in md
@@ -182,11 +182,11 @@ def test_heads_report_from_rows(tmp_path):
 
 @pytest.fixture(scope="module")
 def tiny_cost():
-  """seq_len.cost_sweep on configs/numbers.py:tiny: xla at n = 8, 16 and lstm at n = 8."""
+  """step_cost.cost_sweep on configs/numbers.py:tiny: xla at n = 8, 16 and lstm at n = 8."""
   base = numbers.get_config("tiny")
   quiet = lambda *_: None
-  return (seq_len.cost_sweep(base, ["xla"], [8, 16], 2, steps=1, max_step_s=1e-6, log=quiet)
-          + seq_len.cost_sweep(base, ["lstm"], [8], 2, steps=1, log=quiet))
+  return (step_cost.cost_sweep(base, ["xla"], [8, 16], 2, steps=1, max_step_s=1e-6, log=quiet)
+          + step_cost.cost_sweep(base, ["lstm"], [8], 2, steps=1, log=quiet))
 
 
 def test_seq_len_cost_tiny(tiny_cost):
@@ -214,14 +214,15 @@ def test_seq_len_cost_tiny(tiny_cost):
 
 def test_reports_from_records(tiny_cost, tmp_path):
   """seq_len.md and claims.md (tables, exponents, the Table 1 comparison) from tiny records."""
-  from experiments import claims
+  from configs import long_range
+  from experiments import claims_report
 
   bins = [{"bin": "1-16", "lo": 1, "hi": 16, "sentences": 3, "bleu": 50.0},
           {"bin": ">16", "lo": 17, "hi": None, "sentences": 2, "bleu": 10.0}]
   quality = {"sweep": "s.py", "sweep_name": "s", "sentences": 5, "beam_size": 1,
              "models": [{"point": "max16", "max_len": 16, "step": 3, "train_kept": 7,
                          "train_total": 9, "eval": {"bleu_all": 30.0, "bins": bins}}]}
-  paths = seq_len.write_report(str(tmp_path), {"cost": "c1", "quality": "c2"}, tiny_cost,
+  paths = seq_len_report.write_report(str(tmp_path), {"cost": "c1", "quality": "c2"}, tiny_cost,
                                quality, 8)
   md = open(paths[0]).read()
   assert "c1" in md and "c2" in md and "| 16 |" in md and "not timed" in md
@@ -229,10 +230,10 @@ def test_reports_from_records(tiny_cost, tmp_path):
   models = [{"kind": k, "d_model": 8, "params": 100, "train_s": 1.0, "step_s": 0.1,
              "losses": [(1, 0.5)], "accuracy": {"2": 1.0, "400": a}, "steps": 1}
             for k, a in (("transformer", 1.0), ("lstm", 0.125))]
-  lr = {"settings": dataclasses.asdict(claims.LongRangeSettings()),
+  lr = {"settings": long_range.get_config().to_dict(),
         "runs": [{"distribution": "uniform", "models": models}]}
   caches = [{"kind": k, "n": n, "bytes": 10 * n} for k in ("transformer", "lstm") for n in (8, 16)]
-  paths = claims.write_report(str(tmp_path), {"cost": "c3"}, tiny_cost, caches, lr, 8)
+  paths = claims_report.write_report(str(tmp_path), {"cost": "c3"}, tiny_cost, caches, lr, 8)
   md = open(paths[0]).read()
   assert "O(n^2 d)" in md and "accuracy 0.12 at d=400 (uniform)" in md and "| lstm |" in md
   assert all(os.path.getsize(p) > 0 for p in paths)
@@ -257,10 +258,10 @@ def test_fit_exponent_and_bins():
   assert measure.fit_exponent(ns, [3 * n**2 for n in ns]) == pytest.approx(2.0)
   assert measure.fit_exponent(ns, [5.0 * n for n in ns]) == pytest.approx(1.0)
   assert measure.fit_exponent([64], [1.0]) is None
-  assert seq_len.predict_step_s([(64, 1.0), (128, 4.0)], 256) == pytest.approx(16.0)
-  bins = seq_len.length_bins([16, 24])
+  assert step_cost.predict_step_s([(64, 1.0), (128, 4.0)], 256) == pytest.approx(16.0)
+  bins = seq_len_report.length_bins([16, 24])
   assert bins == [(1, 16), (17, 24), (25, None)]
-  by_bin = seq_len.bleu_by_bin([[5] * 3, [5] * 20, [5] * 30], ["a b c d", "x", "e f g h"],
+  by_bin = seq_len_report.bleu_by_bin([[5] * 3, [5] * 20, [5] * 30], ["a b c d", "x", "e f g h"],
                                ["a b c d", "y", "e f g h"], bins)
   assert [b["sentences"] for b in by_bin] == [1, 1, 1]
   assert by_bin[0]["bleu"] == pytest.approx(100.0) and by_bin[1]["bleu"] == pytest.approx(0.0)
@@ -297,17 +298,19 @@ def test_recall_task_answers_are_the_token_d_back():
 
 
 def test_long_range_models_have_equal_parameter_counts():
-  from experiments import claims
+  from configs import long_range as settings
+  from experiments import long_range
 
-  s = claims.LongRangeSettings(d_model=32, layers=1, heads=2, max_distance=20)
-  (_, tcfg, tmc), (_, lcfg, lmc) = claims.long_range_configs(s)
+  s = settings.get_config()
+  s.update(d_model=32, layers=1, heads=2, max_distance=20)
+  (tcfg, tmc), (lcfg, lmc) = long_range.model_configs(s)
   assert tmc.kind == "transformer" and lmc.kind == "lstm"
   assert tmc.vocab_size == lmc.vocab_size == tasks.vocab_size(8) == tcfg.data.vocab_size
   pt, pl = measure.model_param_count(tmc), measure.model_param_count(lmc)
   assert abs(pl / pt - 1) < 0.05
   # Decoding caches: the Transformer's grows with n, the LSTM's does not.
-  assert claims.decode_cache_bytes(tmc, 16) > claims.decode_cache_bytes(tmc, 8)
-  assert claims.decode_cache_bytes(lmc, 16) == claims.decode_cache_bytes(lmc, 8)
+  assert measure.decode_cache_bytes(tmc, 16) > measure.decode_cache_bytes(tmc, 8)
+  assert measure.decode_cache_bytes(lmc, 16) == measure.decode_cache_bytes(lmc, 8)
 
 
 # ----------------------------------------------------------------------------- attention maps
@@ -348,20 +351,20 @@ def test_attention_weights_match_float64_numpy():
   import flax.linen as nn
 
   params = nn.unbox(jax.jit(model.init)(jax.random.key(3), src, tgt)["params"])
-  records = attention_maps.capture_attention(model, params, src, tgt)
-  kinds = [attention_maps.kind_of(r) for r in records]
-  assert sorted(kinds) == sorted(list(attention_maps.KINDS) * 2)
-  assert sorted(attention_maps.layer_of(r) for r in records) == [0, 0, 0, 1, 1, 1]
+  records = attention_weights.capture_attention(model, params, src, tgt)
+  kinds = [attention_weights.kind_of(r) for r in records]
+  assert sorted(kinds) == sorted(list(attention_weights.KINDS) * 2)
+  assert sorted(attention_weights.layer_of(r) for r in records) == [0, 0, 0, 1, 1, 1]
   for r in records:
-    w = attention_maps.attention_weights(r)
+    w = attention_weights.attention_weights(r)
     ref = _reference_weights(r)
     np.testing.assert_allclose(w, ref, rtol=2e-5, atol=2e-6)
     # The weights reproduce what the module computed.
-    np.testing.assert_allclose(attention_maps.recompute_output(r, w), np.asarray(r["output"]),
+    np.testing.assert_allclose(attention_weights.recompute_output(r, w), np.asarray(r["output"]),
                                rtol=1e-4, atol=1e-5)
     if r["kv_mask"] is not None:  # padded source keys get no weight
       assert np.all(w[1, :, :, 3:] == 0)
     if r["is_causal"]:
       assert np.all(np.triu(w[0, 0], 1) == 0)
-  attn = attention_maps.maps(records)
-  assert [m["kind"] for m in attn] == [k for k in attention_maps.KINDS for _ in range(2)]
+  attn = attention_weights.maps(records)
+  assert [m["kind"] for m in attn] == [k for k in attention_weights.KINDS for _ in range(2)]

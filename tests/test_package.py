@@ -101,35 +101,48 @@ def test_experiments_and_library_have_no_import_cycle():
   assert not cycles, cycles
 
 
-def defines_flags_on_import(path):
-  """Whether a module defines absl flags at its top level (`flags.DEFINE_...` outside functions),
-  so that importing it defines them: two such modules in one process would clash."""
+# The one function that defines flags for its callers: the sweep CLIs call it at module level.
+FLAG_HELPERS = {"experiments.sweeps.define_flags"}
+
+
+def _is_flag_definition(node):
+  if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+    return False
+  owner = node.func.value.id if isinstance(node.func.value, ast.Name) else None
+  return ((owner in ("flags", "config_flags") and node.func.attr.startswith("DEFINE_"))
+          or f"experiments.{owner}.{node.func.attr}" in FLAG_HELPERS)
+
+
+def flag_definitions(module, path):
+  """(whether the module defines absl flags at its top level, so that importing it defines
+  them; the functions that define flags inside their bodies, as module.function)."""
   with open(path) as f:
     tree = ast.parse(f.read())
+  top, inside = False, []
   for stmt in tree.body:
     if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-      continue
-    if isinstance(stmt, ast.If) and "__main__" in ast.unparse(stmt.test):
-      continue  # runs only as the program, not on import
-    for node in ast.walk(stmt):
-      if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-          and isinstance(node.func.value, ast.Name)
-          and node.func.value.id in ("flags", "config_flags")
-          and node.func.attr.startswith("DEFINE_")):
-        return True
-  return False
+      if any(_is_flag_definition(n) for n in ast.walk(stmt)):
+        inside.append(f"{module}.{stmt.name}")
+    elif any(_is_flag_definition(n) for n in ast.walk(stmt)):
+      top = True
+  return top, inside
 
 
-def test_no_experiment_imports_a_module_that_defines_flags():
-  """Commands define their flags; libraries (measure, report, sweep, ...) are imported instead."""
-  flag_modules = set()
+def test_one_flag_style():
+  """Flags are defined at module level, in command modules only, and no module or test imports
+  a command module (two of them in one process would clash, and importing one would define
+  flags as a side effect)."""
+  commands, inside = set(), []
   for m in project_imports():
     path = os.path.join(REPO, *m.split(".")) + ".py"
     if not os.path.exists(path):
       path = os.path.join(REPO, *m.split("."), "__init__.py")
-    if defines_flags_on_import(path):
-      flag_modules.add(m)
-  assert {"experiments.benchmark", "transformer.main"} <= flag_modules  # the check sees them
-  bad = sorted({(m, t) for m, edges in project_imports().items() if m.startswith("experiments")
-               for t, _ in edges if t in flag_modules and t != m})
+    top, functions = flag_definitions(m, path)
+    commands |= {m} if top else set()
+    inside += functions
+  assert {"experiments.benchmark", "experiments.claims", "experiments.seq_len",
+          "experiments.heads", "experiments.sweep", "transformer.main"} <= commands
+  assert set(inside) == FLAG_HELPERS, inside
+  bad = sorted({(m, t) for m, edges in project_imports().items()
+                for t, _ in edges if t in commands and t != m})
   assert not bad, bad

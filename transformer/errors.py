@@ -20,3 +20,17 @@ def fail(message: str) -> NoReturn:
   """Prints `error: message` on stderr and exits with status 2 (the CLIs' one-line errors)."""
   print(f"error: {message}", file=sys.stderr, flush=True)
   sys.exit(2)
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing for the experiment CLIs (`app.run(main, flags_parser=parse_flags)`),
+  but a bad flag or a config file that fails to load is one line and exit status 2."""
+  from absl import flags
+
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    fail(str(e).strip().splitlines()[0])
+  except Exception as e:  # noqa: BLE001 - a config file that fails to load or parse
+    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    fail(f"--config: {type(e).__name__}: {first}")
