@@ -56,6 +56,10 @@ _WARMUP = flags.DEFINE_integer("warmup_steps", 2,
 _MATMUL_SIZE = flags.DEFINE_integer(
   "matmul_size", 2048, "n of the [n, n] @ [n, n] float32 product that measures the matmul rate.")
 _MATMUL_REPEATS = flags.DEFINE_integer("matmul_repeats", 5, "Timed matmuls (best is kept).")
+_MATMUL_DTYPE = flags.DEFINE_enum("matmul_dtype", "float32", ["float32", "bfloat16"],
+                                  "Precision of the matmul that measures the machine's rate.")
+_PACKED = flags.DEFINE_integer("packed_segments", 0, "Packed rows of this many segments per "
+                               "side (segment ids and positions); 0: unpacked rows.")
 _PRNG_IMPL = flags.DEFINE_enum(
   "prng_impl", None, ["threefry2x32", "rbg", "unsafe_rbg"],
   "Set jax_default_prng_impl (the dropout RNG) before building; default: JAX's own.")
@@ -75,7 +79,7 @@ def main(argv: list[str]) -> None:
   try:
     r = step_cost.run_benchmark(_CONFIG.value, _BATCH_SIZE.value, _SRC_LEN.value, _TGT_LEN.value,
                                 _STEPS.value, _WARMUP.value, _MATMUL_SIZE.value,
-                                _MATMUL_REPEATS.value)
+                                _MATMUL_REPEATS.value, _PACKED.value, _MATMUL_DTYPE.value)
   except UserError as e:
     fail(str(e))
   if r["step_s"] is not None:

@@ -59,14 +59,14 @@ def model_flops_per_step(
   return 3 * (matmul_fwd + attn_fwd)
 
 
-def measure_matmul_flops(n: int = 2048, repeats: int = 5) -> float:
-  """The best float32 FLOP/s of a jitted [n, n] @ [n, n] product on the default device."""
+def measure_matmul_flops(n: int = 2048, repeats: int = 5, dtype: str = "float32") -> float:
+  """The best FLOP/s of a jitted [n, n] @ [n, n] product in `dtype` on the default device."""
   import jax
   import jax.numpy as jnp
 
   kx, ky = jax.random.split(jax.random.key(0))
-  x = jax.random.normal(kx, (n, n), jnp.float32)
-  y = jax.random.normal(ky, (n, n), jnp.float32)
+  x = jax.random.normal(kx, (n, n), dtype)
+  y = jax.random.normal(ky, (n, n), dtype)
   dot = jax.jit(jnp.dot)
   for _ in range(2):
     dot(x, y).block_until_ready()
@@ -142,16 +142,26 @@ def decode_cache_bytes(mc: Any, n: int, batch: int = 1) -> int:
 # ----------------------------------------------------------------------------- batches, memory
 
 
-def random_batch(
-  rng: Any, batch_size: int, src_len: int, tgt_len: int, vocab_size: int
-) -> dict[str, Any]:
-  """Host batch of random ids in [2, vocab) (no padding, no EOS): int32 [B, S] and [B, T]."""
+def random_batch(rng: Any, batch_size: int, src_len: int, tgt_len: int, vocab_size: int,
+                 segments: int = 0) -> dict[str, Any]:
+  """Host batch of random ids in [2, vocab) (no padding, no EOS): int32 [B, S] and [B, T].
+
+  With `segments` > 0, every row is packed: that many segments of equal length per side, with
+  the segment ids and positions of transformer/data/packing.py.
+  """
   import numpy as np
 
-  return {
+  batch = {
     "inputs": rng.integers(2, vocab_size, size=(batch_size, src_len)).astype(np.int32),
     "targets": rng.integers(2, vocab_size, size=(batch_size, tgt_len)).astype(np.int32),
   }
+  for side, n in (("inputs", src_len), ("targets", tgt_len)):
+    if segments:
+      segment = 1 + np.arange(n) * segments // n
+      start = np.searchsorted(segment, segment)  # first position of each position's segment
+      batch[f"{side}_segmentation"] = np.tile(segment, (batch_size, 1)).astype(np.int32)
+      batch[f"{side}_position"] = np.tile(np.arange(n) - start, (batch_size, 1)).astype(np.int32)
+  return batch
 
 
 def memory_stats(compiled: Any) -> dict[str, int | None]:

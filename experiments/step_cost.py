@@ -32,8 +32,10 @@ LSTM_KINDS = ("lstm", "lstm_noattn")
 def measure_step(config: Any, mc: Any, batch_size: int, src_len: int, tgt_len: int, *,
                  steps: int, warmup: int = 1,
                  should_run: Callable[[dict[str, Any]], str | None] | None = None,
-                 devices: Sequence[Any] | None = None) -> dict[str, Any]:
+                 devices: Sequence[Any] | None = None, segments: int = 0) -> dict[str, Any]:
   """Compiles the train step for [batch, src_len] / [batch, tgt_len]; memory, loops, time.
+
+  `segments` > 0: packed rows of that many segments per side (`measure.random_batch`).
 
   Unless `steps` is 0 or `should_run(record)` gives a reason not to (kept as
   `timing_skipped`), runs `warmup` untimed and `steps` timed steps: step_s is the best,
@@ -48,11 +50,13 @@ def measure_step(config: Any, mc: Any, batch_size: int, src_len: int, tgt_len: i
   mesh = sharding_lib.make_mesh(config.mesh, devices=devices)
   trainer = Trainer(config, mesh, mc)
   sharding = sharding_lib.batch_sharding(mesh)
-  shapes = {"inputs": jax.ShapeDtypeStruct((batch_size, src_len), np.int32, sharding=sharding),
-            "targets": jax.ShapeDtypeStruct((batch_size, tgt_len), np.int32, sharding=sharding)}
+  example = measure.random_batch(np.random.default_rng(0), 1, src_len, tgt_len, 3, segments)
+  shapes = {k: jax.ShapeDtypeStruct((batch_size, v.shape[1]), np.int32, sharding=sharding)
+            for k, v in example.items()}
   compiled, lower_s, xla_s = measure.compile_timed(lambda: trainer.lower_train_step(shapes))
   record: dict[str, Any] = {
     "batch_size": batch_size, "src_len": src_len, "tgt_len": tgt_len, "steps": steps,
+    "packed_segments": segments,
     "lower_s": lower_s, "xla_compile_s": xla_s, "compile_s": lower_s + xla_s,
     **measure.memory_stats(compiled),
     **{f"hlo_{k}": v for k, v in measure.loop_iterations(compiled.as_text()).items()},
@@ -68,7 +72,7 @@ def measure_step(config: Any, mc: Any, batch_size: int, src_len: int, tgt_len: i
   host = np.random.default_rng(seed)
   # Every batch is on the device before the clock starts: only the step is timed.
   batches = [sharding_lib.local_batch_to_global(
-    measure.random_batch(host, batch_size, src_len, tgt_len, mc.vocab_size), mesh)
+    measure.random_batch(host, batch_size, src_len, tgt_len, mc.vocab_size, segments), mesh)
     for _ in range(warmup + steps)]
   jax.block_until_ready(batches)
   _, metrics, times, cpu = measure.time_steps(compiled, trainer.init_state(seed), batches,
@@ -84,10 +88,12 @@ def measure_step(config: Any, mc: Any, batch_size: int, src_len: int, tgt_len: i
 
 
 def run_benchmark(config: Any, batch_size: int, src_len: int, tgt_len: int, steps: int,
-                  warmup_steps: int = 2, matmul_size: int = 2048,
-                  matmul_repeats: int = 5) -> dict[str, Any]:
+                  warmup_steps: int = 2, matmul_size: int = 2048, matmul_repeats: int = 5,
+                  packed_segments: int = 0, matmul_dtype: str = "float32") -> dict[str, Any]:
   """experiments/benchmark.py's JSON record: `measure_step` on the config's mesh, the model
-  FLOPs of the PyTorch peer's formula and the fraction of the measured float32 matmul rate.
+  FLOPs of the PyTorch peer's formula and the fraction of the matmul rate measured in
+  `matmul_dtype`. Packed rows (`packed_segments` > 0) count FLOPs as unpacked rows of the
+  same shape: attention over a whole row, although it stays inside each segment.
 
   Raises ConfigError for a config or shape the benchmark cannot run.
   """
@@ -102,7 +108,8 @@ def run_benchmark(config: Any, batch_size: int, src_len: int, tgt_len: int, step
   measure.check_at_least((("--batch_size", batch_size, 1), ("--src_len", src_len, 1),
                           ("--tgt_len", tgt_len, 1), ("--steps", steps, 0),
                           ("--warmup_steps", warmup_steps, 0), ("--matmul_size", matmul_size, 1),
-                          ("--matmul_repeats", matmul_repeats, 1)))
+                          ("--matmul_repeats", matmul_repeats, 1),
+                          ("--packed_segments", packed_segments, 0)))
   with config.unlocked():
     config.data.vocab_size = config.model.vocab_size  # no data here: keep validation happy
   mc = validate(config, jax.device_count())
@@ -121,7 +128,8 @@ def run_benchmark(config: Any, batch_size: int, src_len: int, tgt_len: int, step
   record = {
     "benchmark": "transformer train_step", "step_s_stat": "best",
     "model_flops_per_step": flops, "tokens_per_step": tokens,
-    **measure_step(config, mc, batch_size, src_len, tgt_len, steps=steps, warmup=warmup_steps),
+    **measure_step(config, mc, batch_size, src_len, tgt_len, steps=steps, warmup=warmup_steps,
+                   segments=packed_segments),
     "warmup_steps": warmup_steps if steps else 0, "d_model": mc.d_model,
     "layers": mc.num_layers, "heads": mc.num_heads, "head_dim": mc.head_dim, "d_ff": mc.d_ff,
     "vocab": mc.vocab_size, "dtype": str(mc.compute_dtype), "attention": mc.attention,
@@ -138,11 +146,11 @@ def run_benchmark(config: Any, batch_size: int, src_len: int, tgt_len: int, step
     "fraction_of_matmul_peak": None,
   }
   if record["step_s"] is not None:
-    matmul = measure.measure_matmul_flops(matmul_size, matmul_repeats)
+    matmul = measure.measure_matmul_flops(matmul_size, matmul_repeats, matmul_dtype)
     best = record["step_s"]
     record.update(tokens_per_s=tokens / best, achieved_flops_per_s=flops / best,
                   matmul_flops_per_s=matmul, fraction_of_matmul_peak=flops / best / matmul,
-                  matmul_size=matmul_size)
+                  matmul_size=matmul_size, matmul_dtype=matmul_dtype)
   return record
 
 

@@ -1,0 +1,146 @@
+"""One prepared check of a GPU machine: training step and beam search, written to gpu.md.
+
+    python -m experiments.gpu_check                     # one NVIDIA GPU, under 10 minutes
+    python -m experiments.gpu_check --smoke --out=/tmp/gpu   # any machine: tiny shapes
+
+Each measurement runs `python -m experiments.benchmark` (or `experiments.decode_benchmark`)
+in a child process with a time limit, so that one that fails or runs out of memory leaves the
+others' results:
+
+- the base model's training step (configs/wmt.py:base, bfloat16) at about 25,000 tokens per
+  side per batch, with `xla` and `cudnn` attention, on bucket-like rows (392 x 64 tokens) and
+  on packed rows (98 x 256 tokens, 8 segments per row with segment ids and positions): step
+  time, tokens/s, model FLOPs utilisation against the GPU's dense bfloat16 peak (PEAK_BF16,
+  from NVIDIA's data sheets) and against a bfloat16 matmul measured in the same run, compile
+  time and XLA's memory analysis;
+- beam search (beam 4, alpha 0.6, batch 32, 64 output tokens) of the base model in bfloat16:
+  output tokens per second.
+
+`--smoke` runs the same programs on configs/wmt.py:tiny with tiny shapes and one timed step,
+so that the whole path is tested on a CPU (tests/test_gpu_check.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+from absl import app, flags
+
+from transformer.errors import fail, parse_flags
+
+_SMOKE = flags.DEFINE_bool("smoke", False, "Tiny shapes on any machine: the path, not the speed.")
+_OUT = flags.DEFINE_string("out", os.path.join("experiments", "results"), "Directory of gpu.md.")
+_TIMEOUT = flags.DEFINE_integer("timeout_s", 110, "Time limit of each measurement (seconds).")
+
+# Dense bfloat16 tensor-core peaks, FLOP/s (NVIDIA data sheets: H100 SXM and H200 1,979
+# TFLOPS, A100 624, L4 242.5, all "with sparsity", which is twice the dense rate).
+PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L4": 121e12}
+
+FULL = {"config": ["--config=configs/wmt.py:base", "--config.model.dtype=bfloat16",
+                   "--config.mesh.data=1"],
+        "bucketed": ["--batch_size=392", "--src_len=64", "--tgt_len=64"],
+        "packed": ["--batch_size=98", "--src_len=256", "--tgt_len=256", "--packed_segments=8"],
+        "steps": ["--steps=10", "--warmup_steps=3", "--matmul_size=8192",
+                  "--matmul_dtype=bfloat16"],
+        "decode": ["--batch_size=32", "--src_len=32", "--out_len=64", "--beam_size=4",
+                   "--repeats=3"]}
+SMOKE = {"config": ["--config=configs/wmt.py:tiny", "--config.model.vocab_size=64",
+                    "--config.mesh.data=1"],
+         "bucketed": ["--batch_size=4", "--src_len=8", "--tgt_len=8"],
+         "packed": ["--batch_size=2", "--src_len=16", "--tgt_len=16", "--packed_segments=2"],
+         "steps": ["--steps=1", "--warmup_steps=1", "--matmul_size=64",
+                   "--matmul_dtype=bfloat16"],
+         "decode": ["--batch_size=2", "--src_len=4", "--out_len=6", "--beam_size=4",
+                    "--repeats=1", "--warmup=0"]}
+
+
+def run_json(module: str, args: list[str], timeout: float) -> dict[str, Any]:
+  """The last JSON line printed by `python -m module args`, or {'error': why}."""
+  t0 = time.time()
+  try:
+    proc = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True,
+                          timeout=timeout)
+  except subprocess.TimeoutExpired:
+    return {"error": f"over the {timeout:.0f} s limit"}
+  lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+  if proc.returncode or not lines:
+    tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+    return {"error": f"exit {proc.returncode}: {tail[:300]}"}
+  return {**json.loads(lines[-1]), "wall_s": time.time() - t0}
+
+
+def peak_of(device_kind: str) -> float | None:
+  return next((v for k, v in PEAK_BF16.items() if k in device_kind), None)
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    fail(f"unexpected arguments {' '.join(argv[1:])!r}")
+  from experiments import report
+
+  shapes = SMOKE if _SMOKE.value else FULL
+  command = report.command_line()
+  train = []
+  for attention in ("xla", "cudnn"):
+    for rows in ("bucketed", "packed"):
+      args = [*shapes["config"], f"--config.model.attention={attention}", *shapes[rows],
+              *shapes["steps"]]
+      r = run_json("experiments.benchmark", args, _TIMEOUT.value)
+      train.append({"attention": attention, "rows": rows, **r})
+      done = r.get("error") or f"{r['tokens_per_s']:.0f} tokens/s"
+      print(f"[gpu_check] train {attention} {rows}: {done}", flush=True)
+  decode = run_json("experiments.decode_benchmark",
+                    [*shapes["config"], *shapes["decode"]], _TIMEOUT.value)
+  print(f"[gpu_check] decode: {decode.get('error') or 'done'}", flush=True)
+  path = write_report(os.path.join(_OUT.value, "gpu.md"), command, train, decode)
+  with open(os.path.splitext(path)[0] + ".json", "w") as f:
+    json.dump({"command": command, "train": train, "decode": decode}, f, indent=1)
+  print(f"wrote {path}", flush=True)
+
+
+def write_report(path: str, command: str, train: list[dict[str, Any]],
+                 decode: dict[str, Any]) -> str:
+  """gpu.md; called after the children ran (this process touches the GPU only now)."""
+  from experiments import report
+
+  kind = next((r["device_kind"] for r in train if "device_kind" in r), "unknown device")
+  peak = peak_of(kind)
+  rows = []
+  for r in train:
+    if "error" in r:
+      rows.append([r["attention"], r["rows"], r["error"]] + ["-"] * 7)
+      continue
+    tflops = r["achieved_flops_per_s"] / 1e12
+    rows.append([
+      r["attention"], r["rows"], f"{r['batch_size']} x {r['src_len']} / {r['tgt_len']}",
+      f"{r['step_s'] * 1e3:.1f}", f"{r['tokens_per_s']:,.0f}", f"{tflops:.1f}",
+      report.fmt(None if peak is None else r["achieved_flops_per_s"] / peak),
+      f"{r['fraction_of_matmul_peak']:.2f} ({r['matmul_flops_per_s'] / 1e12:.1f})",
+      f"{r['compile_s']:.1f}", f"{r['temp_memory_bytes'] / 2**30:.2f}"])
+  body = ["## Training step\n", report.markdown_table(
+    ["attention", "rows", "batch (rows x source / target)", "step (ms)", "tokens/s",
+     "model TFLOP/s", "MFU (bf16 peak)", "fraction of measured bf16 matmul (TFLOP/s)",
+     "compile (s)", "temp (GiB)"], rows),
+    "\nPacked rows count model FLOPs as unpacked rows of the same shape (attention over the "
+    "whole row), and every position of these random batches is a real token. `cudnn` falls "
+    "back to `xla` where cuDNN's fused attention does not apply (not a GPU, float32).\n",
+    "## Beam search\n"]
+  if "error" in decode:
+    body.append(f"Not measured: {decode['error']}.\n")
+  else:
+    body.append("```\n" + json.dumps(decode, indent=1)[:4000] + "\n```\n")
+  return report.write_markdown(
+    path, f"GPU check: {kind}",
+    "Made by `experiments/gpu_check.py` (method in its docstring). Peak: "
+    f"{'unknown for this device' if peak is None else f'{peak / 1e12:.0f} TFLOP/s dense bf16'}"
+    ".", command, body)
+
+
+if __name__ == "__main__":
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  app.run(main, flags_parser=parse_flags)
