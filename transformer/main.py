@@ -1,7 +1,9 @@
 """Entry point: `python -m transformer.main --config=configs/numbers.py [--workdir=DIR]`.
 
 Modes: `train` (default: train, evaluate, checkpoint, resume), `translate` (stdin or --input
-to stdout, one line per line), `average` (average the last N checkpoints and evaluate them).
+to stdout, one line per line), `average` (average the last N checkpoints and evaluate them),
+`export` (`--format=ctranslate2 --output=DIR`: the newest checkpoint or the average of the last
+N as a CTranslate2 model, transformer/export.py).
 A user error (bad config value, missing data, incompatible checkpoint) ends with one line on
 stderr naming the field or path, and exit status 2.
 """
@@ -31,13 +33,19 @@ _WORKDIR = flags.DEFINE_string(
   "workdir", None, "Directory for checkpoints, vocabulary and metrics "
   "(default: runs/<config name>[-<variant>]).",
 )
-_MODE = flags.DEFINE_enum("mode", "train", ["train", "translate", "average"], "What to do.")
+_MODE = flags.DEFINE_enum("mode", "train", ["train", "translate", "average", "export"],
+                          "What to do.")
 _INPUT = flags.DEFINE_string("input", None, "translate: read sentences from this file "
                              "instead of standard input.")
 _AVERAGE = flags.DEFINE_integer(
-  "average", None, "translate/average: average the last N checkpoints (default: the config's "
-  "average_last_checkpoints; translate uses the newest checkpoint when it is 0 or 1).",
+  "average", None, "translate/average/export: average the last N checkpoints (default: the "
+  "config's average_last_checkpoints; translate and export use the newest checkpoint when it "
+  "is 0 or 1).",
 )
+_FORMAT = flags.DEFINE_string("format", None, "export: the output format (ctranslate2).")
+_OUTPUT = flags.DEFINE_string("output", None, "export: a new or empty directory to write to.")
+_QUANTIZATION = flags.DEFINE_string(
+  "quantization", None, "export: CTranslate2 weight type, e.g. int8 (default: float32).")
 _COORDINATOR = flags.DEFINE_string("coordinator_address", None,
                                    "HOST:PORT of process 0, for multi-process runs.")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Number of processes.")
@@ -129,6 +137,11 @@ def main(argv: list[str]) -> None:
       from transformer import modes
 
       modes.translate_stream(config, workdir, _INPUT.value, _AVERAGE.value)
+    elif _MODE.value == "export":
+      from transformer import modes
+
+      modes.export_model(config, workdir, _FORMAT.value, _OUTPUT.value, _AVERAGE.value,
+                         _QUANTIZATION.value)
     else:
       from transformer import modes
 

@@ -1,4 +1,4 @@
-"""The translate and average modes of the main program.
+"""The translate, average and export modes of the main program.
 
 translate: one output line per input line, from the newest checkpoint (or the average of the
 last N). Documented behaviour for awkward input:
@@ -7,6 +7,9 @@ last N). Documented behaviour for awkward input:
     warning naming the line number goes to stderr;
   - a line longer than the model allows (model.max_len - decode.max_extra_len tokens) is
     truncated to that many tokens, with a warning naming the line number.
+
+export: the newest checkpoint (or the average of the last N) as a CTranslate2 model, see
+transformer/export.py.
 """
 
 from __future__ import annotations
@@ -92,3 +95,21 @@ def average_and_evaluate(config: Any, workdir: str, average: int | None) -> None
   print(f"{model.label}: validation perplexity {final['average_eval/perplexity']:.3f}, "
         f"validation BLEU {final['average_eval/bleu']:.2f}, test BLEU "
         f"{final['average_test/bleu']:.2f}   [{final['bleu_signature']}]")
+
+
+def export_model(config: Any, workdir: str, fmt: str | None, output: str | None,
+                 average: int | None, quantization: str | None = None) -> None:
+  """Writes the checkpoint (or the average of the last N) to `output` in format `fmt`.
+
+  The request is checked before anything is restored; an existing non-empty `output` is
+  refused, so nothing is overwritten.
+  """
+  from transformer import export
+  from transformer.validate import model_config
+
+  export.check_request(fmt, output, quantization, model_config(config))
+  model = restore(config, workdir, average)
+  if jax.process_index() == 0:
+    export.export_restored(model, output, quantization)
+    print(f"exported the parameters of {model.label} to {output} ({fmt}"
+          f"{', ' + quantization if quantization else ''})", flush=True)

@@ -1,0 +1,175 @@
+"""Export to CTranslate2: its greedy and beam-4 outputs equal the project's on a trained model.
+
+A tiny model is trained for a few hundred steps (about 30 s), exported through the main
+program, and both libraries translate the same sentences. Beam search is compared with the
+length penalty off: the two libraries' penalties differ (transformer/export.py).
+"""
+
+import dataclasses
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+ctranslate2 = pytest.importorskip("ctranslate2")
+
+from configs import numbers  # noqa: E402
+from tests.test_train import FAST_COMPILE, REPO  # noqa: E402
+from transformer import export, infer, translate  # noqa: E402
+from transformer.errors import ConfigError, UserError  # noqa: E402
+from transformer.model import ModelConfig  # noqa: E402
+from transformer.model_family import build_model  # noqa: E402
+from transformer.validate import model_config  # noqa: E402
+
+# Enough training that outputs mostly end with their own EOS rather than at the length limit.
+OVERRIDES = ["--config.model.d_model=64", "--config.model.d_ff=128",
+             "--config.num_train_steps=300", "--config.optimizer.warmup_steps=50",
+             "--config.eval_every_steps=300", "--config.checkpoint_every_steps=300",
+             "--config.log_every_steps=100"]
+TINY = ["--config=configs/numbers.py:tiny", *OVERRIDES]
+SENTENCES = [
+  "seven", "forty-two", "three hundred", "twelve and then five", "ninety-nine thousand",
+  "one thousand, three hundred and eleven", "sixty-one thousand, two hundred and twenty-four",
+  "eight hundred and seventy-nine and then twenty-eight thousand, nine hundred and thirty-five",
+]
+
+
+def _main(*args, timeout=300):
+  env = {**os.environ, "XLA_FLAGS": FAST_COMPILE, "JAX_PLATFORMS": "cpu"}
+  proc = subprocess.run([sys.executable, "-m", "transformer.main", *args], cwd=REPO, env=env,
+                        capture_output=True, text=True, timeout=timeout)
+  return proc
+
+
+def _tail(proc) -> str:
+  return "\n".join((proc.stdout + proc.stderr).splitlines()[-30:])
+
+
+def _until_eos(ids):
+  return ids[: ids.index(1)] if 1 in ids else ids
+
+
+def _config():
+  config = numbers.get_config("tiny")
+  for arg in OVERRIDES:
+    key, value = arg.removeprefix("--config.").split("=")
+    node = config
+    *parents, leaf = key.split(".")
+    for p in parents:
+      node = node[p]
+    node[leaf] = type(node[leaf])(value)
+  return config
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+  """A trained tiny workdir and its CTranslate2 export (written by the main program)."""
+  tmp = tmp_path_factory.mktemp("export")
+  workdir, out = str(tmp / "w"), str(tmp / "ct2")
+  proc = _main(*TINY, f"--workdir={workdir}")
+  assert proc.returncode == 0, _tail(proc)
+  proc = _main(*TINY, f"--workdir={workdir}", "--mode=export", "--format=ctranslate2",
+               f"--output={out}", "--average=1")
+  assert proc.returncode == 0, _tail(proc)
+  assert sorted(os.listdir(out)) == ["config.json", "model.bin", "shared_vocabulary.json",
+                                     "spm.model"]
+  return workdir, out
+
+
+def _project_outputs(restored, config, sources, beam_size):
+  decode = ml_collections.ConfigDict({"beam_size": beam_size, "alpha": 0.0, "batch_size": 8,
+                                      "max_extra_len": config.decode.max_extra_len})
+  translator = translate.Translator(restored.translator.model_config, decode,
+                                    restored.trainer.mesh, restored.trainer.state_shardings.params,
+                                    config.data.bucket_lengths)
+  return translator.translate_ids(restored.params, sources)
+
+
+def _ct2_outputs(model_dir, sources, beam_size, max_extra_len):
+  pieces = export.sentencepiece_pieces(open(os.path.join(model_dir, export.SPM_NAME), "rb").read())
+  ids = {piece: i for i, piece in enumerate(pieces)}
+  translator = ctranslate2.Translator(model_dir, device="cpu", inter_threads=1, intra_threads=1)
+  outputs = []
+  for src in sources:
+    # The project's longest output is len(src) + max_extra_len tokens with the EOS forced last;
+    # CTranslate2 stops at its limit without an EOS, so its limit is one less.
+    result = translator.translate_batch(
+      [[pieces[i] for i in src]], beam_size=beam_size, length_penalty=0.0,
+      min_decoding_length=0,  # CTranslate2's default 1 forbids an empty output
+      max_decoding_length=len(src) + max_extra_len - 1,
+    )
+    outputs.append([ids[p] for p in result[0].hypotheses[0]])
+  return outputs
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_ctranslate2_equals_project_decoding(exported, beam_size):
+  workdir, out = exported
+  config = _config()
+  restored = infer.restore(config, workdir, average=1)
+  sources = [restored.tokenizer.encode(s) for s in SENTENCES]
+  ours = _project_outputs(restored, config, sources, beam_size)
+  theirs = _ct2_outputs(out, sources, beam_size, config.decode.max_extra_len)
+  assert theirs == ours
+  assert len({tuple(o) for o in ours}) > 1  # not one output for every input
+
+
+@pytest.mark.parametrize("variant", [
+  {"pre_layer_norm": True, "scan_layers": True},
+  {"positional": "learned", "share_embeddings": False},
+])
+def test_variants_greedy_random_weights(tmp_path, variant):
+  """Pre-LN, learned positions, untied embeddings and scanned layers map too (greedy)."""
+  mc = dataclasses.replace(model_config(numbers.get_config("tiny")), **variant)
+  params = build_model(mc).init(jax.random.key(1), jnp.ones((1, 4), jnp.int32),
+                                jnp.ones((1, 4), jnp.int32))["params"]
+  export.export_ctranslate2(params, mc, str(tmp_path / "m"))
+  vocab = export.synthetic_vocabulary(mc.vocab_size)
+  src = np.random.default_rng(0).integers(3, mc.vocab_size, size=(4, 9)).astype(np.int32)
+  src[:, -1] = 1
+  decode = jax.jit(lambda p, x: translate.decode_tokens(p, x, mc, beam_size=1, alpha=0.0,
+                                                         max_extra_len=5, max_len=14))
+  ours = np.asarray(decode(params, jnp.asarray(src)))
+  result = ctranslate2.Translator(str(tmp_path / "m"), intra_threads=1).translate_batch(
+    [[vocab[i] for i in row] for row in src], beam_size=1, min_decoding_length=0,
+    max_decoding_length=13)
+  theirs = [[vocab.index(t) for t in r.hypotheses[0]] for r in result]
+  assert theirs == [_until_eos(row) for row in ours.tolist()]
+
+
+@pytest.mark.parametrize("fields, field", [
+  ({"kind": "lstm"}, "model.kind"),
+  ({"d_kv": 4}, "model.d_kv"),
+])
+def test_unsupported_variants_are_refused(tmp_path, fields, field):
+  mc = ModelConfig(vocab_size=16, num_layers=1, d_model=32, d_ff=64, num_heads=4, max_len=16,
+                   **fields)
+  with pytest.raises(ConfigError, match=field) as info:
+    export.export_ctranslate2({}, mc, str(tmp_path / "m"))
+  assert "\n" not in str(info.value)
+  assert not (tmp_path / "m").exists()
+
+
+def test_non_empty_output_is_refused(tmp_path):
+  (tmp_path / "keep.txt").write_text("x")
+  mc = model_config(numbers.get_config("tiny"))
+  with pytest.raises(UserError, match="not empty"):
+    export.export_ctranslate2({}, mc, str(tmp_path))
+  assert os.listdir(tmp_path) == ["keep.txt"]
+
+
+def test_cli_refuses_with_one_line_and_status_2(exported):
+  workdir, out = exported
+  before = {name: os.path.getmtime(os.path.join(out, name)) for name in os.listdir(out)}
+  proc = _main(*TINY, f"--workdir={workdir}", "--mode=export", "--format=ctranslate2",
+               f"--output={out}")
+  assert proc.returncode == 2, _tail(proc)
+  errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+  assert errors == [f"error: --output={out} is not empty: give a new or empty directory"]
+  assert "Traceback" not in proc.stderr
+  assert {name: os.path.getmtime(os.path.join(out, name)) for name in os.listdir(out)} == before
