@@ -25,6 +25,11 @@ def base_config() -> config_dict.ConfigDict:
   config.data.bucket_lengths = [16, 32, 64]
   config.data.eval_batch_size = 256  # global
   config.data.download = False  # allow TFDS to download and prepare missing data
+  # Packed training batches (transformer/data/packing.py): rows of these fixed lengths hold
+  # several pairs each, instead of one pair per row of a bucket's length.
+  config.data.packing = False
+  config.data.packed_source_len = 64
+  config.data.packed_target_len = 64
   config.data.numbers_variant = "default"  # numbers corpus size: default (200k) | tiny (2k)
   # Tokenized training split (flat arrays, memory-mapped); None: <workdir>/cache.
   config.data.cache_dir = config_dict.placeholder(str)

@@ -31,6 +31,9 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   config.data.max_target_len = 256
   config.data.bucket_lengths = [16, 24, 32, 48, 64, 96, 128, 192, 256]
   config.data.eval_batch_size = 128
+  # Packed rows (`--config.data.packing=True`) of the largest bucket's length on both sides.
+  config.data.packed_source_len = 256
+  config.data.packed_target_len = 256
 
   # Table 3, "base": N=6, d_model=512, d_ff=2048, h=8, d_k=d_v=d_model/h=64, P_drop=0.1.
   m = config.model
@@ -81,6 +84,7 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
     config.data.max_source_len = 32
     config.data.max_target_len = 32
     config.data.bucket_lengths = [16, 32]
+    config.data.packed_source_len = config.data.packed_target_len = 32
     config.data.eval_batch_size = 16
     m.num_layers = 1
     m.d_model = 32

@@ -6,6 +6,8 @@ Layout everywhere: query [batch, q_len, heads, head_dim], key/value [batch, kv_l
 head_dim] (the layout of `jax.nn.dot_product_attention`), so implementations are
 interchangeable. Masks are boolean, True where attention is allowed, broadcastable to
 [batch, heads, q_len, kv_len]. A query row with nothing to attend to yields zeros, never NaN.
+Packed rows (several sequences per row) pass segment ids in factored form, per query
+[batch, q_len] and per key [batch, kv_len]: a query attends only to keys of its own segment.
 Logits and softmax are always computed in float32, whatever the input dtype.
 
 Implementations (`implementation=`):
@@ -13,11 +15,12 @@ Implementations (`implementation=`):
   chunked  Rabe & Staats (2021), "Self-attention Does Not Need O(n^2) Memory": queries and keys
            in blocks, an online (running max) softmax, and rematerialisation, so the memory of
            a training step grows about linearly in the length when the mask is given in
-           factored form (`kv_mask`, `is_causal`) instead of as a full [q, k] array.
+           factored form (`kv_mask`, `is_causal`, segment ids) instead of as a full [q, k]
+           array: segment ids are compared block by block.
   cudnn    `jax.nn.dot_product_attention(implementation='cudnn')`, the fused kernel, on GPU.
            Falls back to `xla` where cuDNN does not apply: attention dropout in training,
            a non-GPU backend, float32 inputs, or a head_dim that is not a multiple of 8 or
-           is above 128.
+           is above 128. Segment ids become a dense [batch, 1, q, k] mask for the kernel.
 """
 
 from __future__ import annotations
@@ -60,6 +63,16 @@ def causal_mask(q_len: int, kv_len: int | None = None, offset: int = 0) -> Array
   return (k_pos <= q_pos)[None, None]
 
 
+def segment_mask(q_segment_ids: Array, kv_segment_ids: Array) -> Array:
+  """bool [batch, 1, q_len, kv_len], True where query and key are in the same segment.
+
+  Args:
+    q_segment_ids: int [batch, q_len].
+    kv_segment_ids: int [batch, kv_len].
+  """
+  return q_segment_ids[:, None, :, None] == kv_segment_ids[:, None, None, :]
+
+
 def combine_masks(*masks: Array | None) -> Array | None:
   """Logical AND of the masks that are not None (None if all are None)."""
   masks = [m for m in masks if m is not None]
@@ -76,6 +89,8 @@ def dot_product_attention(
   *,
   kv_mask: Array | None = None,
   is_causal: bool = False,
+  q_segment_ids: Array | None = None,
+  kv_segment_ids: Array | None = None,
   dropout_rate: float = 0.0,
   dropout_rng: Array | None = None,
   dropout_bits: int = 8,
@@ -95,6 +110,9 @@ def dot_product_attention(
       mask[:, None, None, :], but lets `chunked` avoid building a quadratic mask.
     is_causal: query i attends only to keys j <= i (+ kv_len - q_len, so that a suffix of
       queries over a longer cache also works).
+    q_segment_ids: optional int [batch, q_len], the segment of each query (packed rows).
+    kv_segment_ids: int [batch, kv_len], the segment of each key; given with q_segment_ids.
+      Query i attends to key j only if q_segment_ids[:, i] == kv_segment_ids[:, j].
     dropout_rate: dropout on the attention weights (applied when not deterministic).
     dropout_rng: PRNG key for that dropout.
     dropout_bits: resolution of the dropout masks (`dropout.keep_mask`).
@@ -109,39 +127,43 @@ def dot_product_attention(
     raise ValueError(
       f"attention implementation {implementation!r} is not one of {', '.join(IMPLEMENTATIONS)}"
     )
+  if (q_segment_ids is None) != (kv_segment_ids is None):
+    raise ValueError("q_segment_ids and kv_segment_ids are given together or not at all")
+  segments = None if q_segment_ids is None else (q_segment_ids, kv_segment_ids)
   use_dropout = dropout_rate > 0.0 and not deterministic
   if use_dropout and dropout_rng is None:
     raise ValueError("dropout_rng is required when dropout_rate > 0 and not deterministic")
   if implementation == "cudnn" and _cudnn_applies(query, use_dropout):
-    return _cudnn_attention(query, key, value, mask, kv_mask, is_causal)
+    return _cudnn_attention(query, key, value, mask, kv_mask, is_causal, segments)
   if implementation == "chunked":
     return _chunked_attention(
-      query, key, value, mask, kv_mask, is_causal, dropout_rate if use_dropout else 0.0,
+      query, key, value, mask, kv_mask, is_causal, segments, dropout_rate if use_dropout else 0.0,
       dropout_rng, dropout_bits, chunk_size, precision,
     )
   return _xla_attention(
-    query, key, value, mask, kv_mask, is_causal, dropout_rate if use_dropout else 0.0,
+    query, key, value, mask, kv_mask, is_causal, segments, dropout_rate if use_dropout else 0.0,
     dropout_rng, dropout_bits, precision,
   )
 
 
-def _full_mask(mask, kv_mask, is_causal, q_len, kv_len):
+def _full_mask(mask, kv_mask, is_causal, segments, q_len, kv_len):
   return combine_masks(
     mask,
     None if kv_mask is None else kv_mask[:, None, None, :],
     causal_mask(q_len, kv_len, offset=kv_len - q_len) if is_causal else None,
+    None if segments is None else segment_mask(*segments),
   )
 
 
-def _xla_attention(query, key, value, mask, kv_mask, is_causal, dropout_rate, dropout_rng,
-                   dropout_bits, precision):
+def _xla_attention(query, key, value, mask, kv_mask, is_causal, segments, dropout_rate,
+                   dropout_rng, dropout_bits, precision):
   q_len, kv_len = query.shape[1], key.shape[1]
   scale = query.shape[-1] ** -0.5
   logits = jnp.einsum(
     "bqhd,bkhd->bhqk", query, key, precision=precision, preferred_element_type=jnp.float32
   )
   logits = logits * scale
-  mask = _full_mask(mask, kv_mask, is_causal, q_len, kv_len)
+  mask = _full_mask(mask, kv_mask, is_causal, segments, q_len, kv_len)
   if mask is not None:
     logits = jnp.where(mask, logits, _MASKED)
   weights = jax.nn.softmax(logits, axis=-1)
@@ -155,8 +177,8 @@ def _xla_attention(query, key, value, mask, kv_mask, is_causal, dropout_rate, dr
   ).astype(query.dtype)
 
 
-def _chunked_attention(query, key, value, mask, kv_mask, is_causal, dropout_rate, dropout_rng,
-                       dropout_bits, chunk_size, precision):
+def _chunked_attention(query, key, value, mask, kv_mask, is_causal, segments, dropout_rate,
+                       dropout_rng, dropout_bits, chunk_size, precision):
   """Blockwise attention with an online softmax; memory O(n * chunk) instead of O(n^2)."""
   batch, q_len, heads, _ = query.shape
   kv_len, dv = key.shape[1], value.shape[-1]
@@ -180,6 +202,10 @@ def _chunked_attention(query, key, value, mask, kv_mask, is_causal, dropout_rate
     # A general mask is quadratic already; broadcast it once and slice blocks of it.
     mask = jnp.broadcast_to(mask, (mask.shape[0], mask.shape[1], q_len, kv_len))
     mask = jnp.pad(mask, ((0, 0), (0, 0), (0, q_pad), (0, k_pad)))
+  if segments is not None:
+    # Factored: [b, q] and [b, k], compared per block, so no [q, k] array is ever built.
+    q_seg = jnp.pad(segments[0], ((0, 0), (0, q_pad)))
+    k_seg = jnp.pad(segments[1], ((0, 0), (0, k_pad)))
 
   def block_mask(qi, ki):
     """bool broadcastable to [batch, heads, qc, kc]."""
@@ -191,6 +217,9 @@ def _chunked_attention(query, key, value, mask, kv_mask, is_causal, dropout_rate
     if mask is not None:
       m = lax.dynamic_slice_in_dim(mask, qi * qc, qc, axis=2)
       kmask = kmask & lax.dynamic_slice_in_dim(m, ki * kc, kc, axis=3)
+    if segments is not None:
+      kmask = kmask & segment_mask(lax.dynamic_slice_in_dim(q_seg, qi * qc, qc, axis=1),
+                                   lax.dynamic_slice_in_dim(k_seg, ki * kc, kc, axis=1))
     return kmask
 
   @jax.checkpoint
@@ -248,8 +277,9 @@ def _cudnn_applies(query, use_dropout) -> bool:
   )
 
 
-def _cudnn_attention(query, key, value, mask, kv_mask, is_causal):
-  mask = combine_masks(mask, None if kv_mask is None else kv_mask[:, None, None, :])
+def _cudnn_attention(query, key, value, mask, kv_mask, is_causal, segments):
+  mask = combine_masks(mask, None if kv_mask is None else kv_mask[:, None, None, :],
+                       None if segments is None else segment_mask(*segments))
   out = jax.nn.dot_product_attention(
     query, key, value, mask=mask, is_causal=is_causal, implementation="cudnn"
   )

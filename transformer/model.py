@@ -153,10 +153,13 @@ class MultiHeadAttention(nn.Module):
     *,
     kv_mask: Array | None = None,
     is_causal: bool = False,
+    q_segment_ids: Array | None = None,
+    kv_segment_ids: Array | None = None,
     deterministic: bool = True,
   ) -> Array:
     """inputs_q [b, q, d], inputs_kv [b, kv, d], mask bool broadcastable to [b, h, q, kv],
-    kv_mask bool [b, kv] (True = real key). Returns [b, q, d]."""
+    kv_mask bool [b, kv] (True = real key), q_segment_ids int [b, q] and kv_segment_ids
+    int [b, kv] (packed rows: attend within a segment only). Returns [b, q, d]."""
     head_dim = self.head_dim or self.d_model // self.num_heads
     self_attention = inputs_kv is None
     inputs_kv = inputs_q if self_attention else inputs_kv
@@ -193,6 +196,7 @@ class MultiHeadAttention(nn.Module):
       dropout_rng = self.make_rng("dropout")
     x = attn_lib.dot_product_attention(
       query, key, value, mask, kv_mask=kv_mask, is_causal=is_causal,
+      q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
       dropout_rate=self.dropout_rate, dropout_rng=dropout_rng, dropout_bits=self.dropout_bits,
       deterministic=deterministic, implementation=self.implementation, chunk_size=self.chunk_size,
     )  # [b, q, h, k]
@@ -315,18 +319,22 @@ def _feed_forward(cfg: ModelConfig) -> FeedForward:
 
 
 class EncoderLayer(nn.Module):
-  """Self-attention and feed-forward sublayers. x [b, s, d], src_mask bool [b, s] -> [b, s, d]."""
+  """Self-attention and feed-forward sublayers. x [b, s, d], src_mask bool [b, s] -> [b, s, d].
+
+  src_segments int [b, s] (packed rows): attention stays inside a segment.
+  """
 
   config: ModelConfig
   deterministic: bool = True
   scanned: bool = False  # return (x, None) as nn.scan expects
 
   @nn.compact
-  def __call__(self, x: Array, src_mask: Array):
+  def __call__(self, x: Array, src_mask: Array, src_segments: Array | None = None):
     cfg, det = self.config, self.deterministic
     self_attention = _attention(cfg, "self_attention")
     x = _Sublayer(cfg, det, name="attention_block")(
-      x, lambda y: self_attention(y, kv_mask=src_mask, deterministic=det)
+      x, lambda y: self_attention(y, kv_mask=src_mask, q_segment_ids=src_segments,
+                                  kv_segment_ids=src_segments, deterministic=det)
     )
     feed_forward = _feed_forward(cfg)
     x = _Sublayer(cfg, det, name="feed_forward_block")(
@@ -339,7 +347,9 @@ class EncoderLayer(nn.Module):
 class DecoderLayer(nn.Module):
   """Masked self-attention, encoder-decoder attention and feed-forward sublayers.
 
-  y [b, t, d], encoded [b, s, d], src_mask bool [b, s] -> [b, t, d].
+  y [b, t, d], encoded [b, s, d], src_mask bool [b, s] -> [b, t, d]. Packed rows also pass
+  tgt_segments int [b, t] and src_segments int [b, s]: a target position attends to earlier
+  positions of its own segment and to the source positions of the same segment.
   """
 
   config: ModelConfig
@@ -348,15 +358,18 @@ class DecoderLayer(nn.Module):
   scanned: bool = False
 
   @nn.compact
-  def __call__(self, y: Array, encoded: Array, src_mask: Array):
+  def __call__(self, y: Array, encoded: Array, src_mask: Array,
+               tgt_segments: Array | None = None, src_segments: Array | None = None):
     cfg, det = self.config, self.deterministic
     self_attention = _attention(cfg, "self_attention", decode=self.decode)
     y = _Sublayer(cfg, det, name="self_attention_block")(
-      y, lambda z: self_attention(z, is_causal=True, deterministic=det)
+      y, lambda z: self_attention(z, is_causal=True, q_segment_ids=tgt_segments,
+                                  kv_segment_ids=tgt_segments, deterministic=det)
     )
     cross_attention = _attention(cfg, "cross_attention")
     y = _Sublayer(cfg, det, name="cross_attention_block")(
-      y, lambda z: cross_attention(z, encoded, kv_mask=src_mask, deterministic=det)
+      y, lambda z: cross_attention(z, encoded, kv_mask=src_mask, q_segment_ids=tgt_segments,
+                                   kv_segment_ids=src_segments, deterministic=det)
     )
     feed_forward = _feed_forward(cfg)
     y = _Sublayer(cfg, det, name="feed_forward_block")(
@@ -436,19 +449,26 @@ class Embed(nn.Module):
 
 
 class Encoder(nn.Module):
-  """Embeds the source and applies N encoder layers. src int [b, s] -> [b, s, d]."""
+  """Embeds the source and applies N encoder layers. src int [b, s] -> [b, s, d].
+
+  Packed rows: segment_ids int [b, s] (0 = padding) and positions int [b, s] (restarting at 0
+  in each segment).
+  """
 
   config: ModelConfig
   shared_embedding: nn.Module | None = None
 
   @nn.compact
-  def __call__(self, src: Array, deterministic: bool = True) -> Array:
+  def __call__(self, src: Array, deterministic: bool = True, *,
+               segment_ids: Array | None = None, positions: Array | None = None) -> Array:
     cfg = self.config
     embed = self.shared_embedding or Embed(cfg, name="embed")
     src_mask = src > 0
-    x = make_dropout(cfg)(embed(src), deterministic=deterministic)
+    x = make_dropout(cfg)(embed(src, positions), deterministic=deterministic)
     x = _constrain(x, ("batch", "length", "embed"))
-    x = _layer_stack(EncoderLayer, cfg, x, (src_mask,), deterministic=deterministic)
+    # Unpacked batches pass no segment argument at all, so their program is unchanged.
+    args = (src_mask,) if segment_ids is None else (src_mask, segment_ids)
+    x = _layer_stack(EncoderLayer, cfg, x, args, deterministic=deterministic)
     if cfg.pre_layer_norm:
       x = nn.LayerNorm(dtype=cfg.compute_dtype, param_dtype=jnp.float32, name="final_norm",
                        scale_init=_init(("embed",), nn.initializers.ones),
@@ -461,6 +481,8 @@ class Decoder(nn.Module):
 
   tgt_in int [b, t] (target shifted right, 0 first), encoded [b, s, d], src_mask bool [b, s]
   -> float32 logits [b, t, V]. With `decode=True`, t = 1 and positions come from the cache.
+  Packed rows: segment_ids int [b, t] and positions int [b, t] of the target, src_segment_ids
+  int [b, s] of the source (0 = padding on both).
   """
 
   config: ModelConfig
@@ -469,10 +491,10 @@ class Decoder(nn.Module):
 
   @nn.compact
   def __call__(self, tgt_in: Array, encoded: Array, src_mask: Array,
-               deterministic: bool = True) -> Array:
+               deterministic: bool = True, *, segment_ids: Array | None = None,
+               positions: Array | None = None, src_segment_ids: Array | None = None) -> Array:
     cfg = self.config
     embed = self.shared_embedding or Embed(cfg, name="embed")
-    positions = None
     if self.decode:
       initialized = self.has_variable("cache", "position")
       position = self.variable(
@@ -483,8 +505,10 @@ class Decoder(nn.Module):
         position.value = position.value + 1
     y = make_dropout(cfg)(embed(tgt_in, positions), deterministic=deterministic)
     y = _constrain(y, ("batch", "length", "embed"))
-    y = _layer_stack(DecoderLayer, cfg, y, (encoded, src_mask), deterministic=deterministic,
-                     decode=self.decode)
+    args = (encoded, src_mask)
+    if segment_ids is not None:
+      args += (segment_ids, src_segment_ids)
+    y = _layer_stack(DecoderLayer, cfg, y, args, deterministic=deterministic, decode=self.decode)
     if cfg.pre_layer_norm:
       y = nn.LayerNorm(dtype=cfg.compute_dtype, param_dtype=jnp.float32, name="final_norm",
                        scale_init=_init(("embed",), nn.initializers.ones),
@@ -498,9 +522,17 @@ class Decoder(nn.Module):
     return _constrain(logits, ("batch", "length", "vocab"))
 
 
-def shift_right(targets: Array) -> Array:
-  """Decoder input: targets shifted right by one, with 0 as the start token. [b, t] -> [b, t]."""
-  return jnp.pad(targets, ((0, 0), (1, 0)))[:, :-1]
+def shift_right(targets: Array, segment_ids: Array | None = None) -> Array:
+  """Decoder input: targets shifted right by one, with 0 as the start token. [b, t] -> [b, t].
+
+  With segment_ids int [b, t] (packed rows), each segment is shifted on its own: its first
+  position gets the start token, not the last token of the segment before.
+  """
+  shifted = jnp.pad(targets, ((0, 0), (1, 0)))[:, :-1]
+  if segment_ids is None:
+    return shifted
+  same = segment_ids == jnp.pad(segment_ids, ((0, 0), (1, 0)))[:, :-1]
+  return jnp.where(same, shifted, 0)
 
 
 class Transformer(nn.Module):
@@ -520,20 +552,43 @@ class Transformer(nn.Module):
       self.encoder = Encoder(cfg)
       self.decoder = Decoder(cfg, decode=self.incremental)
 
-  def encode(self, inputs: Array, train: bool = False) -> Array:
-    """inputs int [b, s] -> encoded [b, s, d]."""
-    return self.encoder(inputs, deterministic=not train)
+  def encode(self, inputs: Array, train: bool = False, *, segment_ids: Array | None = None,
+             positions: Array | None = None) -> Array:
+    """inputs int [b, s] -> encoded [b, s, d]; segment_ids, positions int [b, s] if packed."""
+    return self.encoder(inputs, deterministic=not train, segment_ids=segment_ids,
+                        positions=positions)
 
   def decode_logits(self, encoded: Array, inputs: Array, tgt_in: Array,
-                    train: bool = False) -> Array:
-    """Decoder logits [b, t, V] for decoder input tgt_in [b, t] (already shifted right)."""
-    return self.decoder(tgt_in, encoded, inputs > 0, deterministic=not train)
+                    train: bool = False, **packing: Array | None) -> Array:
+    """Decoder logits [b, t, V] for decoder input tgt_in [b, t] (already shifted right).
 
-  def decode(self, encoded: Array, inputs: Array, targets: Array, train: bool = False) -> Array:
-    """Teacher-forced logits [b, t, V] for targets [b, t] (shifted right here)."""
-    return self.decode_logits(encoded, inputs, shift_right(targets), train)
+    `packing`: segment_ids, positions [b, t] and src_segment_ids [b, s] (see `Decoder`).
+    """
+    return self.decoder(tgt_in, encoded, inputs > 0, deterministic=not train, **packing)
 
-  def __call__(self, inputs: Array, targets: Array, train: bool = False) -> Array:
-    """inputs int [b, s], targets int [b, t] (0 = padding) -> float32 logits [b, t, V]."""
-    encoded = self.encode(inputs, train)
-    return self.decode(encoded, inputs, targets, train)
+  def decode(self, encoded: Array, inputs: Array, targets: Array, train: bool = False,
+             **packing: Array | None) -> Array:
+    """Teacher-forced logits [b, t, V] for targets [b, t] (shifted right here, per segment
+    when packed)."""
+    tgt_in = shift_right(targets, packing.get("segment_ids"))
+    return self.decode_logits(encoded, inputs, tgt_in, train, **packing)
+
+  def __call__(self, inputs: Array, targets: Array, train: bool = False, *,
+               inputs_segmentation: Array | None = None, inputs_position: Array | None = None,
+               targets_segmentation: Array | None = None,
+               targets_position: Array | None = None) -> Array:
+    """inputs int [b, s], targets int [b, t] (0 = padding) -> float32 logits [b, t, V].
+
+    Packed batches (transformer/data/packing.py) also pass the segment (0 = padding) and the
+    position inside it of every source and target position, int [b, s] and [b, t]: attention
+    never crosses segments, positions restart per segment and each segment's decoder input is
+    shifted on its own. Segments are given for both sides or for none.
+    """
+    if (inputs_segmentation is None) != (targets_segmentation is None):
+      raise ValueError("inputs_segmentation and targets_segmentation go together")
+    encoded = self.encode(inputs, train, segment_ids=inputs_segmentation,
+                          positions=inputs_position)
+    if targets_segmentation is None:
+      return self.decode(encoded, inputs, targets, train, positions=targets_position)
+    return self.decode(encoded, inputs, targets, train, segment_ids=targets_segmentation,
+                       positions=targets_position, src_segment_ids=inputs_segmentation)

@@ -17,6 +17,8 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
+from transformer.data.packing import packing_kwargs
+
 Array = jax.Array
 
 
@@ -94,7 +96,8 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
                     label_smoothing: float) -> Callable:
   """Returns the pure `train_step(state, batch, rng) -> (state, metrics)`.
 
-  batch: {'inputs': int32 [b, s], 'targets': int32 [b, t]}; rng: the run's seed key.
+  batch: {'inputs': int32 [b, s], 'targets': int32 [b, t]}, and for packed rows also the
+  segment and position keys of `data.packing.PACKING_KEYS`; rng: the run's seed key.
   """
 
   def train_step(state: TrainState, batch: dict[str, Array], rng: Array):
@@ -102,7 +105,7 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
 
     def loss_fn(params):
       logits = model.apply({"params": params}, batch["inputs"], batch["targets"], train=True,
-                           rngs={"dropout": dropout_rng})
+                           rngs={"dropout": dropout_rng}, **packing_kwargs(batch))
       sums = loss_sums(logits, batch["targets"], label_smoothing)
       # Mean over the tokens of the whole global batch, so the number of devices never
       # changes the math.
@@ -136,10 +139,12 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
 
 
 def make_eval_step(model: nn.Module, label_smoothing: float) -> Callable:
-  """Returns `eval_step(params, batch) -> sums` (loss, nll, correct, tokens)."""
+  """Returns `eval_step(params, batch) -> sums` (loss, nll, correct, tokens); the batch may be
+  packed as for `make_train_step`."""
 
   def eval_step(params, batch):
-    logits = model.apply({"params": params}, batch["inputs"], batch["targets"], train=False)
+    logits = model.apply({"params": params}, batch["inputs"], batch["targets"], train=False,
+                         **packing_kwargs(batch))
     return loss_sums(logits, batch["targets"], label_smoothing)
 
   return eval_step

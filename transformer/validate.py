@@ -84,6 +84,17 @@ def validate(config: Any, num_devices: int) -> ModelConfig:
       f"data.max_source_len + decode.max_extra_len ({max_src + extra})"
     )
   _int(config, "data.eval_batch_size", 1)
+  packing = _get(config, "data.packing")
+  if not isinstance(packing, bool):
+    raise ConfigError(f"data.packing={packing!r}: must be True or False")
+  for field in ("data.packed_source_len", "data.packed_target_len"):
+    length = _int(config, field, 2)
+    # Positions restart in every segment, so a row needs only a table as long as itself.
+    if packing and length > mc.max_len:
+      raise ConfigError(f"{field}={length}: must be <= model.max_len={mc.max_len} when packing")
+  if packing and mc.kind != "transformer":
+    raise ConfigError(f"data.packing=True: model.kind={mc.kind!r} does not take packed rows; "
+                      "use model.kind='transformer' or data.packing=False")
 
   _float(config, "label_smoothing", 0.0, 1.0, hi_open=True)
   _float(config, "optimizer.b1", 0.0, 1.0, hi_open=True)

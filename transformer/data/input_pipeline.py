@@ -12,6 +12,11 @@ Batches are dicts of int32 arrays `inputs` and `targets`, both `[rows, L]`, wher
 and padding is 0. Padding rows (to keep shapes fixed) are all zeros, so a loss that ignores
 token 0 ignores them. Every sequence ends with EOS (1).
 
+With `config.data.packing`, training batches are packed instead (`packing.PackedBatches`):
+rows of fixed lengths `packed_source_len` / `packed_target_len` that hold several pairs each,
+with segment and position keys; see transformer/data/packing.py. Evaluation batches are never
+packed.
+
 Lengths (in tokens, EOS included):
   * training examples longer than `max_source_len` / `max_target_len`, or with a side longer
     than the largest bucket, are dropped;
@@ -22,7 +27,8 @@ Lengths (in tokens, EOS included):
 Config fields read: `dataset`, `data_dir`, `seed`, and in `data`: `source_lang`, `target_lang`,
 `download` (optional, default False), `numbers_variant` (optional, 'default' or 'tiny'),
 `vocab_size`, `spm_train_sentences`, `max_source_len`, `max_target_len`, `tokens_per_batch`,
-`bucket_lengths`, `eval_batch_size`, `cache_dir` (optional).
+`bucket_lengths`, `eval_batch_size`, `cache_dir` (optional), `packing` (optional, default
+False), `packed_source_len` and `packed_target_len` (when packing).
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from absl import logging
 from transformer import storage
 from transformer.data import token_cache
 from transformer.data.errors import DataError
+from transformer.data.packing import PackedBatches
 from transformer.data.tfds_io import SplitReader, data_dir_of, import_tensorflow, require_prepared
 from transformer.data.token_cache import TokenizedSplit
 from transformer.data.tokenizer import EOS_ID, Tokenizer, VocabSizeError
@@ -365,6 +372,15 @@ def _gather(flat: np.ndarray, offsets: np.ndarray, examples: np.ndarray, rows: i
   return out
 
 
+def train_batches(split: TokenizedSplit, config: Any, *, batch_multiple: int = 1,
+                  process_index: int = 0, process_count: int = 1
+                  ) -> TrainBatches | PackedBatches:
+  """The training batches `config.data.packing` asks for: packed, or bucketed (the default)."""
+  cls = PackedBatches if config.data.get("packing", False) else TrainBatches
+  return cls(split, config, batch_multiple=batch_multiple, process_index=process_index,
+             process_count=process_count)
+
+
 def _truncate(ids: np.ndarray | Sequence[int], limit: int) -> np.ndarray:
   ids = np.asarray(ids, np.int32)
   if len(ids) <= limit:
@@ -429,7 +445,7 @@ class Pipeline:
   """Everything training needs from the data layer (see `build_pipeline`)."""
 
   tokenizer: Tokenizer
-  train: TrainBatches
+  train: TrainBatches | PackedBatches
   eval: dict[str, list[Batch]]  # 'validation' and 'test' batches (this process's rows).
   references: dict[str, list[tuple[str, str]]]  # 'validation' and 'test' (source, target).
 
@@ -466,8 +482,8 @@ def build_pipeline(
   tok = get_tokenizer(config, workdir, reader, builder=builder)
   split = token_cache.load_or_build(reader, "train", tok, token_cache.cache_root(config, workdir),
                                     builder=builder)
-  train = TrainBatches(split, config, batch_multiple=batch_multiple,
-                       process_index=process_index, process_count=process_count)
+  train = train_batches(split, config, batch_multiple=batch_multiple,
+                        process_index=process_index, process_count=process_count)
   evals, references = evaluation_data(config, reader, tok, batch_multiple,
                                       process_index=process_index, process_count=process_count)
   logging.info("training pairs: %s kept, %s longer than the limits; real tokens %.1f%% of the "

@@ -1,0 +1,255 @@
+"""Packed training batches: several sentence pairs per row, so that few positions are padding.
+
+With `config.data.packing`, every training batch is R rows of `packed_source_len` source and
+`packed_target_len` target positions (one shape, one compile), R = max(1, tokens_per_batch //
+max(packed_source_len, packed_target_len)), rounded up to the data-parallel size with all-zero
+rows. Each row holds whole examples back to back; the k-th example of a row is segment k (from
+1) on both sides, and padding is segment 0. Batch keys (int32, [rows, length] per side):
+
+  inputs, targets                        token ids, 0 = padding, as unpacked batches
+  inputs_segmentation, targets_segmentation
+                                         segment of each position, 0 for padding
+  inputs_position, targets_position      position inside its segment (0 at each segment start;
+                                         0 for padding)
+
+The model keeps attention inside a segment and restarts positions there (`Transformer.__call__`
+takes these keys as keyword arguments); the loss ignores token 0 as before.
+
+The plan is a pure function of (seed, step). Epoch e draws the permutation
+`np.random.default_rng([seed, e])` of the kept examples and walks it step by step: a step's
+candidates are the examples left over from the step before, then the next examples of the
+permutation until the candidates would fill all R rows; they are placed first-fit decreasing
+(longest first, ties in permuted order) into the rows where both sides fit, and those that fit
+nowhere are carried to the next step. Every epoch has the steps that packing epoch 0 to its end
+took; a later epoch that packs its permutation in fewer steps continues from its start again
+(a few examples twice), one that needs more leaves its last examples (random ones) to the next
+epoch's draw. An epoch's plan is built once, sequentially (about 1 ms per step of WMT size),
+and kept while training is in that epoch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from transformer.data.errors import DataError
+from transformer.data.token_cache import TokenizedSplit
+
+PACKING_KEYS = ("inputs_segmentation", "inputs_position", "targets_segmentation",
+                "targets_position")
+
+Batch = dict[str, np.ndarray]
+
+# A step's candidates may hold this many times the tokens its rows can, per side: the choice
+# lets first-fit fill the rows' ends, and what does not fit waits for the next step.
+OVERFILL = 1.05
+
+
+def packing_kwargs(batch: dict[str, Any]) -> dict[str, Any]:
+  """The packing keys of `batch` (none for an unpacked batch), to pass to the model."""
+  return {k: batch[k] for k in PACKING_KEYS if k in batch}
+
+
+def first_fit_decreasing(src_len: np.ndarray, tgt_len: np.ndarray, rows: int, source_len: int,
+                         target_len: int) -> np.ndarray:
+  """Places items into `rows` rows of (source_len, target_len): the row of each item, or -1.
+
+  Items go longest first (by the larger share of a row over both sides; a stable sort keeps
+  the given order among equals), each into the first row where both sides still fit.
+  """
+  size = np.maximum(src_len / source_len, tgt_len / target_len)
+  order = np.argsort(-size, kind="stable")
+  free_s, free_t = [source_len] * rows, [target_len] * rows
+  out = np.full(len(src_len), -1, np.int32)
+  s_list, t_list = src_len.tolist(), tgt_len.tolist()
+  for j in order.tolist():
+    a, b = s_list[j], t_list[j]
+    for r in range(rows):
+      if free_s[r] >= a and free_t[r] >= b:
+        free_s[r] -= a
+        free_t[r] -= b
+        out[j] = r
+        break
+  return out
+
+
+@dataclasses.dataclass
+class _EpochPlan:
+  example: np.ndarray  # [placed] kept-example id of every placement, step by step
+  row: np.ndarray  # [placed] its row
+  bounds: np.ndarray  # [steps + 1] placements of step i: bounds[i]:bounds[i + 1]
+
+
+def plan_epoch(perm: np.ndarray, src_len: np.ndarray, tgt_len: np.ndarray, rows: int,
+               source_len: int, target_len: int, steps: int | None = None) -> _EpochPlan:
+  """Packs the examples `perm` (in that order) into steps of `rows` rows.
+
+  `steps=None` packs until every example is placed; a number makes exactly that many steps,
+  taking the permutation again from its start when it runs out.
+  """
+  n = len(perm)
+  src, tgt = src_len[perm], tgt_len[perm]
+  # Cumulative lengths over the permutation taken twice (for the wrap of later epochs).
+  cum_s = np.cumsum(np.concatenate([src, src]))
+  cum_t = np.cumsum(np.concatenate([tgt, tgt]))
+  budget_s, budget_t = OVERFILL * rows * source_len, OVERFILL * rows * target_len
+  example, row, bounds = [], [], [0]
+  pool = np.zeros(0, np.int64)  # positions into the doubled permutation, carried over
+  pos = 0
+  placed_total = 0
+  while (steps is None and (pos < n or len(pool))) or (steps is not None
+                                                      and len(bounds) <= steps):
+    pool_s, pool_t = src[pool % n].sum(), tgt[pool % n].sum()
+    before_s, before_t = (cum_s[pos - 1], cum_t[pos - 1]) if pos else (0, 0)
+    # The next examples, while neither side of the candidates exceeds its budget.
+    end = min(int(np.searchsorted(cum_s, before_s + budget_s - pool_s, side="right")),
+              int(np.searchsorted(cum_t, before_t + budget_t - pool_t, side="right")))
+    end = max(end, pos + 1) if not len(pool) else end
+    end = min(end, n if steps is None else 2 * n)
+    cand = np.concatenate([pool, np.arange(pos, end)])
+    pos = end
+    ids = perm[cand % n]
+    where = first_fit_decreasing(src_len[ids], tgt_len[ids], rows, source_len, target_len)
+    ok = where >= 0
+    if steps is None and not ok.any():
+      raise DataError("an example does not fit in an empty packed row")  # filtered before
+    example.append(ids[ok])
+    row.append(where[ok])
+    placed_total += int(ok.sum())
+    bounds.append(placed_total)
+    pool = cand[~ok]
+    if steps is not None and pos >= 2 * n and not len(pool):
+      pos = n  # an epoch far longer than its permutation: go round again
+  return _EpochPlan(
+    example=np.concatenate(example) if example else np.zeros(0, np.int64),
+    row=np.concatenate(row) if row else np.zeros(0, np.int32),
+    bounds=np.asarray(bounds, np.int64),
+  )
+
+
+def assemble(flat: np.ndarray, offsets: np.ndarray, examples: np.ndarray, row: np.ndarray,
+             rows: int, length: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """One side of a packed batch: ids, segment ids and positions, each int32 [rows, length].
+
+  Example examples[j] goes into row row[j], after the examples placed in that row before it
+  (in the order given); segments count from 1 per row.
+  """
+  ids = np.zeros((rows, length), np.int32)
+  seg = np.zeros((rows, length), np.int32)
+  pos = np.zeros((rows, length), np.int32)
+  if not len(examples):
+    return ids, seg, pos
+  order = np.argsort(row, kind="stable")
+  examples, row = examples[order], row[order]
+  starts = np.asarray(offsets[examples], np.int64)
+  lens = np.asarray(offsets[examples + 1], np.int64) - starts
+  # Start of each example in its row, and its segment number: running sums within a row.
+  first = np.r_[True, row[1:] != row[:-1]]
+  group_start = np.maximum.accumulate(np.where(first, np.arange(len(row)), 0))
+  cum = np.cumsum(lens) - lens
+  col0 = cum - cum[group_start]
+  segment = np.arange(len(row)) - group_start + 1
+  r = np.repeat(row, lens)
+  within = np.arange(int(lens.sum())) - np.repeat(cum, lens)
+  c = np.repeat(col0, lens) + within
+  ids[r, c] = flat[np.repeat(starts, lens) + within]
+  seg[r, c] = np.repeat(segment, lens)
+  pos[r, c] = within
+  return ids, seg, pos
+
+
+class PackedBatches:
+  """Packed training batches as a pure function of (config.seed, step); see the module doc.
+
+  The same interface as `input_pipeline.TrainBatches` (`batch`, `steps_per_epoch`, `shapes`,
+  `real_token_fraction`, `num_examples`, `num_dropped`), and the same device independence: the
+  plan packs R rows whatever the devices, padding rows are added after.
+  """
+
+  def __init__(self, split: TokenizedSplit, config: Any, *, batch_multiple: int = 1,
+               process_index: int = 0, process_count: int = 1):
+    """Args as for `TrainBatches`; reads `seed` and `data.{tokens_per_batch, max_source_len,
+    max_target_len, packed_source_len, packed_target_len}`."""
+    from transformer.data.input_pipeline import padded_rows
+
+    if not 0 <= process_index < process_count:
+      raise ValueError(f"process_index={process_index} not in [0, {process_count})")
+    self.split = split
+    self.seed = int(config.seed)
+    self.process_index = process_index
+    self.process_count = process_count
+    self.source_len = int(config.data.packed_source_len)
+    self.target_len = int(config.data.packed_target_len)
+    src_len, tgt_len = split.source_lengths(), split.target_lengths()
+    keep = (
+      (src_len <= min(config.data.max_source_len, self.source_len))
+      & (tgt_len <= min(config.data.max_target_len, self.target_len))
+    )
+    self.example_ids = np.flatnonzero(keep)  # Kept example -> index in `split`.
+    self.num_examples = len(self.example_ids)
+    self.num_dropped = len(split) - self.num_examples
+    if self.num_examples == 0:
+      raise DataError("no training example fits config.data.max_source_len/max_target_len/"
+                      "packed_source_len/packed_target_len")
+    self._src_len = np.asarray(src_len[keep], np.int64)
+    self._tgt_len = np.asarray(tgt_len[keep], np.int64)
+    self.plan_rows = max(1, int(config.data.tokens_per_batch)
+                        // max(self.source_len, self.target_len))
+    self.rows = padded_rows(self.plan_rows, batch_multiple, process_count)
+    self._plans: dict[int, _EpochPlan] = {}
+    self.steps_per_epoch = len(self._plan(0).bounds) - 1
+
+  def shapes(self) -> list[tuple[int, int, int]]:
+    """[(global rows, source length, target length)]: the one shape of every batch."""
+    return [(self.rows, self.source_len, self.target_len)]
+
+  def real_token_fraction(self) -> float:
+    """Fraction of the batches' positions (both sides, over epoch 0) that are not padding."""
+    plan = self._plan(0)
+    real = self._src_len[plan.example].sum() + self._tgt_len[plan.example].sum()
+    positions = self.steps_per_epoch * self.rows * (self.source_len + self.target_len)
+    return float(real) / positions
+
+  def _plan(self, epoch: int) -> _EpochPlan:
+    plan = self._plans.get(epoch)
+    if plan is not None:
+      return plan
+    perm = np.random.default_rng([self.seed, epoch]).permutation(self.num_examples)
+    steps = None if epoch == 0 else self.steps_per_epoch
+    plan = plan_epoch(perm, self._src_len, self._tgt_len, self.plan_rows, self.source_len,
+                      self.target_len, steps)
+    if len(self._plans) >= 2:  # Training walks epochs in order: keep the current and next.
+      self._plans.pop(min(self._plans))
+    self._plans[epoch] = plan
+    return plan
+
+  def placements(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+    """(index into `split`, global row) of every example of global batch `step`, in the
+    order they were placed: within a row, that is the order of its segments 1, 2, ..."""
+    if step < 0:
+      raise ValueError(f"step must be >= 0, got {step}")
+    epoch, i = divmod(step, self.steps_per_epoch)
+    plan = self._plan(epoch)
+    lo, hi = plan.bounds[i], plan.bounds[i + 1]
+    return self.example_ids[plan.example[lo:hi]], plan.row[lo:hi]
+
+  def batch(self, step: int) -> Batch:
+    """This process's rows of packed batch `step` (keys in the module doc), int32
+    [rows / process_count, packed_{source,target}_len]."""
+    examples, row = self.placements(step)
+    local = self.rows // self.process_count
+    lo = self.process_index * local
+    mine = (row >= lo) & (row < lo + local)
+    examples, row = examples[mine], row[mine] - lo
+    out = {}
+    for side, flat, offsets, length in (
+      ("inputs", self.split.source, self.split.source_offsets, self.source_len),
+      ("targets", self.split.target, self.split.target_offsets, self.target_len),
+    ):
+      ids, seg, pos = assemble(flat, offsets, examples, row, local, length)
+      out[side] = ids
+      out[f"{side}_segmentation"] = seg
+      out[f"{side}_position"] = pos
+    return out
