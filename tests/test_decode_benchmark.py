@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from configs import numbers, wmt
-from experiments import decode_benchmark
+from experiments import decoding
 from transformer.errors import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -44,7 +44,7 @@ def test_benchmark_main_tiny():
   assert proc.returncode == 0, proc.stderr[-3000:]
   r = _last_json(proc.stdout)
 
-  for mode in decode_benchmark.MODES:
+  for mode in decoding.MODES:
     for suffix in ("s", "s_median", "compile_s", "ms_per_step", "sentences_per_s", "tokens_per_s"):
       assert r[f"{mode}_{suffix}"] > 0, f"{mode}_{suffix}"
     assert len(r[f"{mode}_times_s"]) == 1
@@ -94,21 +94,53 @@ def test_benchmark_main_tiny():
 def test_bad_arguments_are_config_errors(kwargs, field):
   """Checked before anything is built or compiled."""
   with pytest.raises(ConfigError, match=field):
-    decode_benchmark.run_benchmark(numbers.get_config("tiny"), **kwargs)
+    decoding.run_benchmark(numbers.get_config("tiny"), **kwargs)
 
 
 def test_defaults_yield_to_the_command_line():
   config = wmt.get_config("base")
   config.model.dtype = "bfloat16"
-  changes = decode_benchmark.apply_defaults(config, lambda field: False)
+  changes = decoding.apply_defaults(config, lambda field: False)
   assert len(changes) == 2
   assert config.model.dtype == "float32"
-  assert config.model.vocab_size == decode_benchmark.DEFAULT_VOCAB_SIZE
+  assert config.model.vocab_size == decoding.DEFAULT_VOCAB_SIZE
 
   config = wmt.get_config("base")
-  decode_benchmark.apply_defaults(config, lambda field: field == "model.vocab_size")
+  decoding.apply_defaults(config, lambda field: field == "model.vocab_size")
   assert config.model.vocab_size == 37000
 
   config = numbers.get_config()
-  assert decode_benchmark.apply_defaults(config, lambda field: False) == []
+  assert decoding.apply_defaults(config, lambda field: False) == []
   assert config.model.vocab_size == 256
+
+
+def test_peer_ctranslate2_tiny(tmp_path):
+  """--peer=ctranslate2 on configs/numbers.py:tiny: one round, both batch sizes, the report."""
+  pytest.importorskip("ctranslate2")
+  path = tmp_path / "peer.md"
+  cmd = [sys.executable, "-m", "experiments.decode_benchmark", "--config=configs/numbers.py:tiny",
+         "--peer=ctranslate2", "--peer_batch_sizes=3,1", f"--src_len={S}", f"--out_len={T}",
+         f"--beam_size={K}", "--repeats=1", "--warmup=0", "--threads=1", f"--report={path}"]
+  env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
+  proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+  assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+  r = _last_json(proc.stdout)
+  assert r["exact_length_batch_3"] and r["exact_length_batch_1"]
+  assert [(x["batch_size"], x["search"]) for x in r["results"]] == [
+    (3, "greedy"), (3, "beam"), (1, "greedy"), (1, "beam")]
+  for x in r["results"]:
+    for decoder in decoding.PEER_DECODERS:
+      assert x[f"{decoder}_tokens_per_s"] > 0
+    assert x["ours_vs_ct2_float32"] == pytest.approx(
+      x["ours_tokens_per_s"] / x["ct2_float32_tokens_per_s"])
+  text = path.read_text()
+  assert "--peer=ctranslate2" in text and "| 3 | beam 2 |" in text
+
+
+def test_peer_bad_batch_sizes_is_one_line():
+  cmd = [sys.executable, "-m", "experiments.decode_benchmark", "--config=configs/numbers.py:tiny",
+         "--peer=ctranslate2", "--peer_batch_sizes=0"]
+  env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
+  proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert proc.stderr.strip().splitlines()[-1].startswith("error: --peer_batch_sizes")
