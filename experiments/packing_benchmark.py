@@ -1,0 +1,235 @@
+"""Bucketed against packed training batches: real-token fraction and real tokens per second.
+
+    python -m experiments.packing_benchmark --config=configs/numbers.py --workdir=/tmp/pack_num
+    python -m experiments.packing_benchmark --config=configs/wmt.py \\
+        --config.data_dir=/tmp/synth_wmt --workdir=/tmp/pack_wmt \\
+        --config.model.num_layers=1 --config.model.d_model=64 --config.model.d_ff=256 \\
+        --config.model.num_heads=4 --timed_steps=6
+
+For each of the two batch layouts of the same corpus and config (`data.packing` False, then
+True), over the first `--batches` training batches (steps 0, 1, ...) of the run's plan:
+
+  real tokens   the fraction of the batches' positions (source and target) that are not padding
+  host          the plan (first batch) and the batch rate of `batch(step)` on this host
+  step          real (non-padding) source + target tokens per second of the training step on
+                this CPU, over `--timed_steps` steps after one untimed step of every shape
+                (bucketed batches have one shape per bucket, each compiled once); the two
+                layouts take turns in 4 slices, so that the load of a shared machine falls
+                on both alike
+
+The vocabulary and token cache come from (or go into) `--workdir`, as for a training run. The
+model is the config's (override it on the command line, as in the WMT command above, where the
+base model would take minutes per step on a CPU). Writes `--out`.md and .json.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import time
+from typing import Any
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from experiments import report
+from transformer.errors import fail
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/numbers.py.",
+                                          lock_config=False)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Workdir holding (or given) the vocabulary and "
+                               "the token cache.")
+_BATCHES = flags.DEFINE_integer("batches", 3000, "Training batches counted for the fraction.")
+_TIMED = flags.DEFINE_integer("timed_steps", 20, "Training steps timed per layout (0: none).")
+_OUT = flags.DEFINE_string("out", None, "Report path without extension; default "
+                           "experiments/results/packing_<config name>.")
+
+LAYOUTS = ("bucketed", "packed")
+
+
+def layout_config(config: Any, layout: str) -> Any:
+  """A copy of `config` with `data.packing` set for `layout`."""
+  out = copy.deepcopy(config)
+  out.data.packing = layout == "packed"
+  return out
+
+
+def count_batches(batches: Any, steps: int) -> dict[str, float]:
+  """Real tokens and positions (both sides) of batches 0..steps-1, and the host's rate."""
+  import numpy as np
+
+  t0 = time.time()
+  batches.batch(0)  # builds the first epoch's plan
+  plan_seconds = time.time() - t0
+  real = positions = examples = 0
+  t0 = time.time()
+  for step in range(steps):
+    b = batches.batch(step)
+    for side in ("inputs", "targets"):
+      real += int(np.count_nonzero(b[side]))
+      positions += b[side].size
+    examples += int(np.count_nonzero(b["targets"] == 1))  # one EOS per example
+  return {"real_tokens": real, "positions": positions, "real_fraction": real / positions,
+          "examples_per_batch": examples / steps, "plan_seconds": plan_seconds,
+          "host_batches_per_second": steps / (time.time() - t0)}
+
+
+class _Stepper:
+  """A Trainer, its state, and the device batches of steps 0..steps-1 of one layout."""
+
+  def __init__(self, config: Any, batches: Any, steps: int):
+    import jax
+    import numpy as np
+
+    from transformer import sharding as sharding_lib
+    from transformer.train import Trainer
+    from transformer.validate import validate
+
+    mesh = sharding_lib.make_mesh(config.mesh)
+    self.trainer = Trainer(config, mesh, validate(config, jax.device_count()))
+    self.state, self.rng = self.trainer.init_state(config.seed), jax.random.key(config.seed)
+    host = [batches.batch(s) for s in range(steps)]
+    self.real = [int(np.count_nonzero(b["inputs"])) + int(np.count_nonzero(b["targets"]))
+                 for b in host]
+    self.device = [sharding_lib.local_batch_to_global(b, mesh) for b in host]
+    self.seconds = 0.0
+    self.tokens = 0
+
+  def compile(self) -> tuple[int, float]:
+    """One untimed step per shape (compiles it; the state moves on a few steps)."""
+    import jax
+
+    t0 = time.time()
+    shapes = {}
+    for b in self.device:
+      shapes.setdefault(tuple(v.shape for v in b.values()), b)
+    for b in shapes.values():
+      self.state, metrics = self.trainer.train_step(self.state, b, self.rng)
+    jax.block_until_ready(metrics)
+    return len(shapes), time.time() - t0
+
+  def run(self, lo: int, hi: int) -> None:
+    """Times steps lo..hi-1."""
+    import jax
+
+    t0 = time.time()
+    for b in self.device[lo:hi]:
+      self.state, metrics = self.trainer.train_step(self.state, b, self.rng)
+    jax.block_until_ready(metrics)
+    self.seconds += time.time() - t0
+    self.tokens += sum(self.real[lo:hi])
+
+
+def time_training(configs: dict[str, Any], batches: dict[str, Any], steps: int,
+                  rounds: int = 4) -> dict[str, dict[str, float]]:
+  """Real tokens per second of steps 0..steps-1 of each layout on this host's devices.
+
+  The layouts take turns, `rounds` slices of the steps each, so that a change in the load of
+  a shared machine falls on both alike.
+  """
+  steppers = {k: _Stepper(configs[k], batches[k], steps) for k in configs}
+  compiled = {k: s.compile() for k, s in steppers.items()}
+  cuts = [steps * r // rounds for r in range(rounds + 1)]
+  for lo, hi in zip(cuts[:-1], cuts[1:], strict=True):
+    for s in steppers.values():
+      s.run(lo, hi)
+  return {k: {"timed_steps": steps, "compiled_shapes": compiled[k][0],
+              "compile_seconds": compiled[k][1], "step_seconds": s.seconds / steps,
+              "real_tokens_per_second": s.tokens / s.seconds} for k, s in steppers.items()}
+
+
+def measure(config: Any, workdir: str, batches: int, timed_steps: int) -> dict[str, Any]:
+  """Both layouts of `config`'s corpus; see the module doc."""
+  from transformer.data import input_pipeline, token_cache
+
+  reader = input_pipeline.open_reader(config)
+  tok = input_pipeline.get_tokenizer(config, workdir, reader)
+  split = token_cache.load_or_build(reader, "train", tok, token_cache.cache_root(config, workdir))
+  out: dict[str, Any] = {"train_examples": len(split)}
+  configs = {k: layout_config(config, k) for k in LAYOUTS}
+  trains = {k: input_pipeline.train_batches(split, configs[k]) for k in LAYOUTS}
+  for layout, train in trains.items():
+    out[layout] = {"kept_examples": train.num_examples, "steps_per_epoch": train.steps_per_epoch,
+                   "shapes": [list(s) for s in train.shapes()],
+                   "epoch_real_fraction": train.real_token_fraction(),
+                   **count_batches(train, batches)}
+    print(f"{layout}: real tokens {out[layout]['real_fraction']:.3f}", flush=True)
+  if timed_steps:
+    for layout, rec in time_training(configs, trains, timed_steps).items():
+      out[layout].update(rec)
+      print(f"{layout}: {rec['real_tokens_per_second']:,.0f} real tokens/s", flush=True)
+  return out
+
+
+def write_report(path: str, config: Any, result: dict[str, Any], command: str,
+                 hw: dict[str, Any], batches: int) -> None:
+  b, p = result["bucketed"], result["packed"]
+  timed = "real_tokens_per_second" in b
+  m = config.model
+  rows = [
+    ["batch shapes (rows, length[, target length])",
+     ", ".join(str(tuple(s)) for s in b["shapes"]), str(tuple(p["shapes"][0]))],
+    ["training pairs kept (of {:,})".format(result["train_examples"]),
+     f"{b['kept_examples']:,}", f"{p['kept_examples']:,}"],
+    ["steps per epoch", f"{b['steps_per_epoch']:,}", f"{p['steps_per_epoch']:,}"],
+    ["examples per batch (mean)", f"{b['examples_per_batch']:.1f}",
+     f"{p['examples_per_batch']:.1f}"],
+    [f"**real-token fraction, {batches:,} batches**", f"**{b['real_fraction']:.3f}**",
+     f"**{p['real_fraction']:.3f}**"],
+    ["real-token fraction, epoch 0 (whole plan)", f"{b['epoch_real_fraction']:.3f}",
+     f"{p['epoch_real_fraction']:.3f}"],
+    ["plan of the first epoch (s)", f"{b['plan_seconds']:.2f}", f"{p['plan_seconds']:.2f}"],
+    ["host batch rate (batches/s)", f"{b['host_batches_per_second']:.0f}",
+     f"{p['host_batches_per_second']:.0f}"],
+  ]
+  if timed:
+    rows += [
+      ["step time (s, mean)", f"{b['step_seconds']:.3f}", f"{p['step_seconds']:.3f}"],
+      ["**real tokens per second**", f"**{b['real_tokens_per_second']:,.0f}**",
+       f"**{p['real_tokens_per_second']:,.0f}**"],
+      ["compile (s, all shapes)", f"{b['compile_seconds']:.1f}", f"{p['compile_seconds']:.1f}"],
+    ]
+  text = [
+    "# Packed against bucketed training batches\n",
+    f"Command: `{command}`\n",
+    report.hardware_markdown(hw),
+    f"Dataset `{config.dataset}`, {config.data.tokens_per_batch} tokens per batch and side, "
+    f"buckets {list(config.data.bucket_lengths)}; packed rows of "
+    f"{config.data.packed_source_len} source and {config.data.packed_target_len} target "
+    f"positions. Model for the step: {m.num_layers} + {m.num_layers} layers, d_model "
+    f"{m.d_model}, d_ff {m.d_ff}, {m.num_heads} heads, vocabulary {m.vocab_size}, attention "
+    f"`{m.attention}`.\n",
+    report.markdown_table(["", "bucketed", "packed"], rows),
+    "",
+    "- Real tokens: non-padding source and target tokens over all positions of the batches "
+    f"of steps 0 to {batches - 1} (both sides).",
+  ]
+  if timed:
+    text.append(
+      f"- Real tokens per second: non-padding source + target tokens of steps 0 to "
+      f"{b['timed_steps'] - 1} over the wall time of those training steps (batches built "
+      "beforehand, every shape compiled before, the layouts taking turns in 4 slices); "
+      "packed / bucketed = "
+      f"**{p['real_tokens_per_second'] / b['real_tokens_per_second']:.2f}x**.")
+  text.append("")
+  with open(path + ".md", "w") as f:
+    f.write("\n".join(text))
+  with open(path + ".json", "w") as f:
+    json.dump({"command": command, "hardware": hw, "result": result}, f, indent=1)
+
+
+def main(argv: list[str]) -> None:
+  del argv
+  config = _CONFIG.value
+  if config is None or _WORKDIR.value is None:
+    fail("--config and --workdir are required, e.g. --config=configs/numbers.py "
+         "--workdir=/tmp/pack_num")
+  out = _OUT.value or os.path.join("experiments", "results", f"packing_{config.name}")
+  result = measure(config, _WORKDIR.value, _BATCHES.value, _TIMED.value)
+  write_report(out, config, result, report.command_line(), report.hardware(), _BATCHES.value)
+  print(f"wrote {out}.md", flush=True)
+
+
+if __name__ == "__main__":
+  app.run(main)
