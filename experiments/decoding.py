@@ -53,7 +53,7 @@ from transformer import decode as decode_lib
 from transformer.errors import ConfigError
 from transformer.model import ModelConfig
 from transformer.model_family import build_model
-from transformer.translate import init_cache
+from transformer.translate import beam_reorder_mask, init_cache
 
 Array = jax.Array
 
@@ -125,6 +125,7 @@ def cached_decode(
     max_lengths=max_lengths,
     max_len=out_len,
     eos_id=EOS_ID,
+    reorder=(beam_reorder_mask(cache[0]), True),
   )
   return seqs[:, 0]
 

@@ -172,6 +172,10 @@ def test_flatten_tile_gather_beams():
   gathered = decode.gather_beams(tiled, jnp.array([[2, 0, 0], [1, 1, 2]]))
   assert gathered["index"].shape == ()
   np.testing.assert_array_equal(gathered["kv"], tiled["kv"][jnp.array([2, 0, 0, 4, 4, 5])])
+  # Leaves marked False (equal across the beams of a sentence) are passed through.
+  kept = decode.gather_beams(tiled, jnp.array([[2, 0, 0], [1, 1, 2]]),
+                             reorder={"kv": False, "index": True})
+  np.testing.assert_array_equal(kept["kv"], tiled["kv"])
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -215,23 +215,33 @@ class MultiHeadAttention(nn.Module):
     more than the rest of the step (2 * s * d^2 per layer against ~12 * d^2).
     """
     initialized = self.has_variable("cache", "cross_key")
-    shape = (*batch_and_length, self.num_heads, head_dim)
+    batch, length = batch_and_length
+    # Stored heads-major [b, h, s, k], the layout of the attention's batched matmuls, so that
+    # no step transposes the cache.
+    shape = (batch, self.num_heads, length, head_dim)
     cached_key = self.variable("cache", "cross_key", jnp.zeros, shape, self.dtype)
     cached_value = self.variable("cache", "cross_value", jnp.zeros, shape, self.dtype)
     ready = self.variable("cache", "cross_ready", lambda: jnp.zeros(shape[:1], bool))
     if not initialized:
       return project_kv()
+
+    def project():
+      return tuple(jnp.swapaxes(x, 1, 2) for x in project_kv())
+
     key, value = jax.lax.cond(
-      ready.value[0], lambda: (cached_key.value, cached_value.value), project_kv
+      ready.value[0], lambda: (cached_key.value, cached_value.value), project
     )
     cached_key.value, cached_value.value = key, value
     ready.value = jnp.ones_like(ready.value)
-    return key, value
+    return jnp.swapaxes(key, 1, 2), jnp.swapaxes(value, 1, 2)
 
   def _update_cache(self, key, value, mask, kv_mask, is_causal):
     initialized = self.has_variable("cache", "cached_key")
-    cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
-    cached_value = self.variable("cache", "cached_value", jnp.zeros, value.shape, value.dtype)
+    # Heads-major [b, h, max_len, k], as for the cross-attention cache.
+    heads_major = lambda x: jnp.swapaxes(x, 1, 2)
+    shape = heads_major(key).shape
+    cached_key = self.variable("cache", "cached_key", jnp.zeros, shape, key.dtype)
+    cached_value = self.variable("cache", "cached_value", jnp.zeros, shape, value.dtype)
     # One index per batch row (all equal) so every cache leaf is batch-major; beam search
     # and scanned layers then treat all leaves alike.
     cache_index = self.variable(
@@ -241,11 +251,13 @@ class MultiHeadAttention(nn.Module):
       return key, value, mask, kv_mask, is_causal
     if key.shape[1] != 1:
       raise ValueError(f"decoding takes one token per call, got length {key.shape[1]}")
-    max_len = cached_key.value.shape[1]
+    max_len = cached_key.value.shape[2]
     index = cache_index.value[0]
-    key = jax.lax.dynamic_update_slice_in_dim(cached_key.value, key, index, axis=1)
-    value = jax.lax.dynamic_update_slice_in_dim(cached_value.value, value, index, axis=1)
+    key = jax.lax.dynamic_update_slice_in_dim(cached_key.value, heads_major(key), index, axis=2)
+    value = jax.lax.dynamic_update_slice_in_dim(cached_value.value, heads_major(value), index,
+                                                axis=2)
     cached_key.value, cached_value.value = key, value
+    key, value = heads_major(key), heads_major(value)
     cache_index.value = cache_index.value + 1
     # The new query at position `index` sees cache positions 0..index.
     step_mask = jnp.broadcast_to(jnp.arange(max_len) <= index, (key.shape[0], max_len))

@@ -37,6 +37,21 @@ def init_cache(model_config: ModelConfig, batch: int, src_len: int, max_len: int
   return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
 
+# Decoder cache entries that depend on the source only (model.MultiHeadAttention's
+# encoder-side keys and values): the same for every beam of a sentence.
+BEAM_INVARIANT_CACHE = ("cross_key", "cross_value", "cross_ready")
+
+
+def beam_reorder_mask(cache: Any) -> Any:
+  """Bools with the structure of a model cache: False for `BEAM_INVARIANT_CACHE` leaves,
+  which beam search then never reorders (`decode.beam_search`'s `reorder`)."""
+
+  def reorder(path, _):
+    return not any(getattr(k, "key", None) in BEAM_INVARIANT_CACHE for k in path)
+
+  return jax.tree_util.tree_map_with_path(reorder, cache)
+
+
 def decode_tokens(params: Any, inputs: Array, model_config: ModelConfig, *, beam_size: int,
                   alpha: float, max_extra_len: int, max_len: int) -> Array:
   """Translations of `inputs` int32 [b, s] (0-padded, EOS-terminated) -> int32 [b, max_len].
@@ -69,7 +84,7 @@ def decode_tokens(params: Any, inputs: Array, model_config: ModelConfig, *, beam
                                     max_lengths=max_lengths, max_len=max_len)
   seqs, _ = decode_lib.beam_search(tokens_to_logits, cache, batch_size=batch,
                                    beam_size=beam_size, alpha=alpha, max_lengths=max_lengths,
-                                   max_len=max_len)
+                                   max_len=max_len, reorder=beam_reorder_mask(cache))
   return seqs[:, 0]
 
 
