@@ -53,7 +53,7 @@ from transformer import decode as decode_lib
 from transformer.errors import ConfigError
 from transformer.model import ModelConfig
 from transformer.model_family import build_model
-from transformer.translate import beam_reorder_mask, init_cache
+from transformer.translate import beam_reorder_mask, init_cache, prefill_cache
 
 Array = jax.Array
 
@@ -90,7 +90,9 @@ def cached_decode(
   step_model = build_model(mc, incremental=True)
   batch = inputs.shape[0]
   encoded = model.apply({"params": params}, inputs, method=type(model).encode)
-  cache = (init_cache(mc, batch, inputs.shape[1], out_len), jnp.zeros((batch,), jnp.int32))
+  model_cache = prefill_cache(mc, params, encoded, inputs,
+                              init_cache(mc, batch, inputs.shape[1], out_len))
+  cache = (model_cache, jnp.zeros((batch,), jnp.int32))
   if beam_size > 1:
     encoded, inputs = decode_lib.tile_beams((encoded, inputs), beam_size)
 

@@ -221,6 +221,10 @@ class MultiHeadAttention(nn.Module):
     shape = (batch, self.num_heads, length, head_dim)
     cached_key = self.variable("cache", "cross_key", jnp.zeros, shape, self.dtype)
     cached_value = self.variable("cache", "cross_value", jnp.zeros, shape, self.dtype)
+    if initialized and not self.has_variable("cache", "cross_ready"):
+      # Filled before the decoding loop (`translate.prefill_cache` drops the flag): a plain
+      # read, with no conditional whose output layout would force a copy every step.
+      return jnp.swapaxes(cached_key.value, 1, 2), jnp.swapaxes(cached_value.value, 1, 2)
     ready = self.variable("cache", "cross_ready", lambda: jnp.zeros(shape[:1], bool))
     if not initialized:
       return project_kv()
@@ -378,7 +382,7 @@ class DecoderLayer(nn.Module):
       y, lambda z: self_attention(z, is_causal=True, q_segment_ids=tgt_segments,
                                   kv_segment_ids=tgt_segments, deterministic=det)
     )
-    cross_attention = _attention(cfg, "cross_attention")
+    cross_attention = _attention(cfg, "cross_attention", decode=self.decode)
     y = _Sublayer(cfg, det, name="cross_attention_block")(
       y, lambda z: cross_attention(z, encoded, kv_mask=src_mask, q_segment_ids=tgt_segments,
                                    kv_segment_ids=src_segments, deterministic=det)

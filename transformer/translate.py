@@ -52,6 +52,43 @@ def beam_reorder_mask(cache: Any) -> Any:
   return jax.tree_util.tree_map_with_path(reorder, cache)
 
 
+def _has_key(tree: Any, name: str) -> bool:
+  return isinstance(tree, dict) and any(k == name or _has_key(v, name) for k, v in tree.items())
+
+
+def _merge_cross(fresh: Any, stepped: Any) -> Any:
+  """`fresh` with the encoder-side keys and values of `stepped` and no `cross_ready` flags."""
+  if not isinstance(fresh, dict):
+    return fresh
+  out = {}
+  for k, v in fresh.items():
+    if k == "cross_ready":
+      continue
+    out[k] = stepped[k] if k in ("cross_key", "cross_value") else _merge_cross(v, stepped[k])
+  return out
+
+
+def prefill_cache(model_config: ModelConfig, params: Any, encoded: Array, inputs: Array,
+                  cache: Any) -> Any:
+  """A fresh cache (`init_cache`) with the encoder-side keys and values filled in.
+
+  encoded [b, s, d], inputs int32 [b, s]. One decoder step on a dummy token projects them; its
+  other cache updates are discarded. The `cross_ready` flags are dropped, which tells the
+  model that the keys and values are ready, so the steps of the decoding loop read them with
+  no conditional. Beam search then tiles them (projected once per sentence, not per beam). A
+  cache without them (another model family) is returned unchanged.
+  """
+  if not _has_key(cache, "cross_ready"):
+    return cache
+  step_model = build_model(model_config, incremental=True)
+  _, mutated = step_model.apply(
+    {"params": params, "cache": cache}, encoded, inputs,
+    jnp.zeros((inputs.shape[0], 1), jnp.int32), method=type(step_model).decode_logits,
+    mutable=["cache"],
+  )
+  return _merge_cross(cache, mutated["cache"])
+
+
 def decode_tokens(params: Any, inputs: Array, model_config: ModelConfig, *, beam_size: int,
                   alpha: float, max_extra_len: int, max_len: int) -> Array:
   """Translations of `inputs` int32 [b, s] (0-padded, EOS-terminated) -> int32 [b, max_len].
@@ -66,6 +103,7 @@ def decode_tokens(params: Any, inputs: Array, model_config: ModelConfig, *, beam
   src_lengths = jnp.sum(inputs > 0, axis=-1).astype(jnp.int32)
   max_lengths = jnp.minimum(src_lengths + max_extra_len, max_len)
   cache = init_cache(model_config, batch, inputs.shape[1], max_len)
+  cache = prefill_cache(model_config, params, encoded, inputs, cache)
   if beam_size > 1:
     encoded_b = decode_lib.tile_beams(encoded, beam_size)
     inputs_b = decode_lib.tile_beams(inputs, beam_size)
