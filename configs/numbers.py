@@ -25,9 +25,10 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   config.data.tokens_per_batch = 2048
   config.data.eval_batch_size = 256
   # Packed rows: German targets are about 0.64 as long as the English sources (in pieces) and
-  # at most 42, so narrower target rows; real tokens 0.96 of the positions against 0.62
-  # bucketed (experiments/results/packing.md).
-  config.data.packing = False
+  # at most 42, so narrower target rows. Real tokens 0.96 of the positions against 0.62 in
+  # buckets, 1.55x the real tokens per second on 2 CPU cores, and at the same 2500 steps test
+  # BLEU 98.97 against 97.38 (experiments/results/packing_numbers.md).
+  config.data.packing = True
   config.data.packed_source_len = 64
   config.data.packed_target_len = 42
 
@@ -60,6 +61,8 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
 
   if variant == "tiny":
     config.data.numbers_variant = "tiny"
+    # Tests run the bucketed path on this variant; the packed path opts in.
+    config.data.packing = False
     config.data.spm_train_sentences = 2000
     config.data.tokens_per_batch = 512
     config.data.bucket_lengths = [32, 64]

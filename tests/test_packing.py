@@ -200,3 +200,17 @@ def test_validation_of_the_packing_fields():
   assert "\n" not in str(e.value)
   lstm.data.packing = False
   validate(lstm, 1)
+
+
+def test_the_pipeline_packs_when_the_config_says_so():
+  from transformer.data import input_pipeline
+
+  src, tgt = synthetic(50)
+  split = TokenizedSplit.from_sequences(src, tgt)
+  config = packed_config()
+  assert isinstance(input_pipeline.train_batches(split, config), packing.PackedBatches)
+  config.data.packing = False
+  bucketed = input_pipeline.train_batches(split, config)
+  assert isinstance(bucketed, input_pipeline.TrainBatches)
+  assert not set(packing.PACKING_KEYS) & set(bucketed.batch(0))
+  assert packing.packing_kwargs(bucketed.batch(0)) == {}

@@ -59,18 +59,25 @@ def first_fit_decreasing(src_len: np.ndarray, tgt_len: np.ndarray, rows: int, so
   Items go longest first (by the larger share of a row over both sides; a stable sort keeps
   the given order among equals), each into the first row where both sides still fit.
   """
+  out = np.full(len(src_len), -1, np.int32)
+  if not len(src_len):
+    return out
   size = np.maximum(src_len / source_len, tgt_len / target_len)
   order = np.argsort(-size, kind="stable")
   free_s, free_t = [source_len] * rows, [target_len] * rows
-  out = np.full(len(src_len), -1, np.int32)
+  # Rows that could still take the shortest item, in row order: full rows leave the scan.
+  open_rows = list(range(rows))
+  min_s, min_t = int(src_len.min()), int(tgt_len.min())
   s_list, t_list = src_len.tolist(), tgt_len.tolist()
   for j in order.tolist():
     a, b = s_list[j], t_list[j]
-    for r in range(rows):
+    for i, r in enumerate(open_rows):
       if free_s[r] >= a and free_t[r] >= b:
         free_s[r] -= a
         free_t[r] -= b
         out[j] = r
+        if free_s[r] < min_s or free_t[r] < min_t:
+          del open_rows[i]
         break
   return out
 
@@ -94,7 +101,8 @@ def plan_epoch(perm: np.ndarray, src_len: np.ndarray, tgt_len: np.ndarray, rows:
   # Cumulative lengths over the permutation taken twice (for the wrap of later epochs).
   cum_s = np.cumsum(np.concatenate([src, src]))
   cum_t = np.cumsum(np.concatenate([tgt, tgt]))
-  budget_s, budget_t = OVERFILL * rows * source_len, OVERFILL * rows * target_len
+  # Integers: a float would make every search convert the whole int64 array.
+  budget_s, budget_t = int(OVERFILL * rows * source_len), int(OVERFILL * rows * target_len)
   example, row, bounds = [], [], [0]
   pool = np.zeros(0, np.int64)  # positions into the doubled permutation, carried over
   pos = 0
@@ -106,7 +114,8 @@ def plan_epoch(perm: np.ndarray, src_len: np.ndarray, tgt_len: np.ndarray, rows:
     # The next examples, while neither side of the candidates exceeds its budget.
     end = min(int(np.searchsorted(cum_s, before_s + budget_s - pool_s, side="right")),
               int(np.searchsorted(cum_t, before_t + budget_t - pool_t, side="right")))
-    end = max(end, pos + 1) if not len(pool) else end
+    # At least one new example when nothing is carried over; never back over taken ones.
+    end = max(end, pos + 1) if not len(pool) else max(end, pos)
     end = min(end, n if steps is None else 2 * n)
     cand = np.concatenate([pool, np.arange(pos, end)])
     pos = end
