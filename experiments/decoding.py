@@ -91,7 +91,7 @@ def cached_decode(
   batch = inputs.shape[0]
   encoded = model.apply({"params": params}, inputs, method=type(model).encode)
   model_cache = prefill_cache(mc, params, encoded, inputs,
-                              init_cache(mc, batch, inputs.shape[1], out_len))
+                              init_cache(mc, batch, inputs.shape[1], out_len, beam_size))
   cache = (model_cache, jnp.zeros((batch,), jnp.int32))
   if beam_size > 1:
     encoded, inputs = decode_lib.tile_beams((encoded, inputs), beam_size)

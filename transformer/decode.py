@@ -190,7 +190,7 @@ def beam_search(
   live hypothesis can at best reach live_log_prob / lp(max_lengths[b]). The loop ends when
   every sentence has stopped, at the latest after max_len steps. EOS is forced at step
   max_lengths[b] - 1. The cache is tiled to B * K rows and reordered by the chosen beams
-  every step.
+  every step (except the leaves that `reorder` marks False).
 
   Args:
     tokens_to_logits: ids int32[B * K, 1], cache -> (logits float32[B * K, V], new cache).
@@ -203,9 +203,12 @@ def beam_search(
       [1, max_len].
     max_len: static size of the output buffer.
     eos_id: the EOS token id.
-    reorder: None, or bools with the structure of `cache`: False marks leaves that are equal
-      for all beams of a sentence (e.g. cached encoder-side keys and values); they are tiled
-      but not reordered, which saves a copy of them per step (`gather_beams`).
+    reorder: None, or bools with the structure of `cache`: False marks leaves that are tiled
+      but never reordered, which saves a copy of them per step (`gather_beams`): leaves equal
+      for all beams of a sentence (e.g. cached encoder-side keys and values), or leaves that
+      each row keeps in place and `tokens_to_logits` addresses through a beam-ancestry leaf
+      that is reordered (the Transformer's self-attention caches with `kv_owner`,
+      `translate.init_cache` with beams and `translate.beam_reorder_mask`).
 
   Returns:
     sequences: int32[B, K, max_len], best first, 0 after the EOS.

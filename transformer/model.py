@@ -187,19 +187,24 @@ class MultiHeadAttention(nn.Module):
       key, value = self._cached_cross_kv(project_kv, inputs_kv.shape[:2], head_dim)
     else:
       key, value = project_kv()
+    owners = None
     if self.decode and self_attention:
-      key, value, mask, kv_mask, is_causal = self._update_cache(key, value, mask, kv_mask,
-                                                                is_causal)
+      key, value, mask, kv_mask, is_causal, owners = self._update_cache(key, value, mask,
+                                                                        kv_mask, is_causal)
 
     dropout_rng = None
     if self.dropout_rate > 0.0 and not deterministic:
       dropout_rng = self.make_rng("dropout")
-    x = attn_lib.dot_product_attention(
-      query, key, value, mask, kv_mask=kv_mask, is_causal=is_causal,
-      q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
-      dropout_rate=self.dropout_rate, dropout_rng=dropout_rng, dropout_bits=self.dropout_bits,
-      deterministic=deterministic, implementation=self.implementation, chunk_size=self.chunk_size,
-    )  # [b, q, h, k]
+    if owners is not None:
+      x = _beam_group_attention(query, key, value, owners)
+    else:
+      x = attn_lib.dot_product_attention(
+        query, key, value, mask, kv_mask=kv_mask, is_causal=is_causal,
+        q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
+        dropout_rate=self.dropout_rate, dropout_rng=dropout_rng, dropout_bits=self.dropout_bits,
+        deterministic=deterministic, implementation=self.implementation,
+        chunk_size=self.chunk_size,
+      )  # [b, q, h, k]
     # W^O: [h, k, d]; the einsum over (h, k) is Concat(head_1..head_h) W^O.
     w_o = self.param(
       "out", _init(("heads", "kv", "embed"),
@@ -240,6 +245,15 @@ class MultiHeadAttention(nn.Module):
     return jnp.swapaxes(key, 1, 2), jnp.swapaxes(value, 1, 2)
 
   def _update_cache(self, key, value, mask, kv_mask, is_causal):
+    """Writes the step's key and value at the cache index; returns what attention reads.
+
+    Without a `kv_owner` cache entry, the step attends over its row's cache (positions up to
+    the index). With one (`translate.init_cache(..., beam_size=K)`), rows come in groups of K
+    (the beams of a sentence), every row keeps the keys and values it computed in place, and
+    kv_owner bool [b, K, max_len] says, for the hypothesis now in a row, which row of its group
+    holds its position p. Beam search then reorders only kv_owner, never the cache, and the
+    step attends through it (`_beam_group_attention`; `owners` is returned, else None).
+    """
     initialized = self.has_variable("cache", "cached_key")
     # Heads-major [b, h, max_len, k], as for the cross-attention cache.
     heads_major = lambda x: jnp.swapaxes(x, 1, 2)
@@ -252,7 +266,7 @@ class MultiHeadAttention(nn.Module):
       "cache", "cache_index", lambda: jnp.zeros((key.shape[0],), jnp.int32)
     )
     if not initialized:
-      return key, value, mask, kv_mask, is_causal
+      return key, value, mask, kv_mask, is_causal, None
     if key.shape[1] != 1:
       raise ValueError(f"decoding takes one token per call, got length {key.shape[1]}")
     max_len = cached_key.value.shape[2]
@@ -261,12 +275,53 @@ class MultiHeadAttention(nn.Module):
     value = jax.lax.dynamic_update_slice_in_dim(cached_value.value, heads_major(value), index,
                                                 axis=2)
     cached_key.value, cached_value.value = key, value
-    key, value = heads_major(key), heads_major(value)
     cache_index.value = cache_index.value + 1
+    if self.has_variable("cache", "kv_owner"):
+      if mask is not None or kv_mask is not None:
+        raise ValueError("beam-grouped cached attention takes no mask")
+      owner = self.variable("cache", "kv_owner")
+      rows, group = owner.value.shape[:2]
+      # Position `index` of every row's hypothesis is the row itself.
+      own = jnp.arange(group)[None, :] == (jnp.arange(rows) % group)[:, None]
+      owner.value = jax.lax.dynamic_update_slice_in_dim(owner.value, own[:, :, None], index,
+                                                        axis=2)
+      return key, value, None, None, False, owner.value
+    key, value = heads_major(key), heads_major(value)
     # The new query at position `index` sees cache positions 0..index.
     step_mask = jnp.broadcast_to(jnp.arange(max_len) <= index, (key.shape[0], max_len))
     kv_mask = step_mask if kv_mask is None else kv_mask & step_mask
-    return key, value, mask, kv_mask, False
+    return key, value, mask, kv_mask, False, None
+
+
+def _beam_group_attention(query: Array, key: Array, value: Array, owners: Array) -> Array:
+  """One decoding step of attention over in-place beam caches.
+
+  query [b, 1, h, k]; key, value: the heads-major caches [b, h, L, k]; owners bool [b, K, L]
+  (`MultiHeadAttention._update_cache`), b = sentences * K. Row r's query attends to position p
+  of row (r // K) * K + i where owners[r, i, p]. All K queries of a sentence are scored
+  against all K rows of its cache (K times the tiny score FLOPs), so each cache is read once
+  and never copied. Same arithmetic as `attention._xla_attention` over the row's own keys.
+  Returns [b, 1, h, k].
+  """
+  rows, _, heads, head_dim = query.shape
+  group, length = owners.shape[1:]
+  n = rows // group
+  # Sentence, key row and head lead on every side, so the caches are read as stored.
+  q = query.reshape(n, group, heads, head_dim).transpose(0, 2, 1, 3)  # [n, h, r, k]
+  k = key.reshape(n, group, heads, length, head_dim)  # [n, i, h, L, k]
+  v = value.reshape(n, group, heads, length, head_dim)
+  # Scores as a fused multiply-reduce: XLA's CPU batched dot of [K, k] x [L, k]^T blocks is
+  # several times slower here than one pass over the keys.
+  logits = jnp.sum(q[:, None, :, :, None, :].astype(jnp.float32)
+                   * k[:, :, :, None, :, :].astype(jnp.float32), axis=-1)  # [n, i, h, r, L]
+  logits = logits * head_dim ** -0.5
+  mask = owners.reshape(n, group, group, length).transpose(0, 2, 1, 3)[:, :, None]
+  logits = jnp.where(mask, logits, attn_lib._MASKED)
+  weights = jnp.where(mask, jax.nn.softmax(logits, axis=(1, 4)), 0.0)
+  out = jax.lax.dot_general(weights.astype(value.dtype), v,
+                            (((4,), (3,)), ((0, 1, 2), (0, 1, 2))))  # [n, i, h, r, k]
+  out = jnp.sum(out, axis=1)  # the rows' contributions: [n, h, r, k]
+  return out.transpose(0, 2, 1, 3).reshape(rows, 1, heads, head_dim).astype(query.dtype)
 
 
 class FeedForward(nn.Module):

@@ -25,8 +25,15 @@ from transformer.model_family import build_model
 Array = jax.Array
 
 
-def init_cache(model_config: ModelConfig, batch: int, src_len: int, max_len: int) -> Any:
-  """A zero cache for `batch` rows and outputs of up to `max_len` tokens (no FLOPs spent)."""
+def init_cache(model_config: ModelConfig, batch: int, src_len: int, max_len: int,
+               beam_size: int = 1) -> Any:
+  """A zero cache for `batch` rows and outputs of up to `max_len` tokens (no FLOPs spent).
+
+  With beam_size K > 1 (the cache of a beam search over `batch` sentences, which tiles it to
+  batch * K rows) every self-attention cache also gets `kv_owner` bool [batch, K, max_len]:
+  the beams keep their keys and values in place and beam search reorders only kv_owner
+  (`model.MultiHeadAttention._update_cache`, `beam_reorder_mask`).
+  """
   model = build_model(model_config, incremental=True)
   shapes = jax.eval_shape(
     lambda: model.init(
@@ -34,22 +41,40 @@ def init_cache(model_config: ModelConfig, batch: int, src_len: int, max_len: int
       jnp.ones((batch, max_len), jnp.int32),
     )["cache"]
   )
-  return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+  cache = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+  return _add_owners(cache, beam_size) if beam_size > 1 else cache
+
+
+def _add_owners(tree: Any, beam_size: int) -> Any:
+  if not isinstance(tree, dict):
+    return tree
+  out = {k: _add_owners(v, beam_size) for k, v in tree.items()}
+  if "cached_key" in tree:
+    shape = tree["cached_key"].shape  # [b, (layers,) h, max_len, k]
+    out["kv_owner"] = jnp.zeros(shape[:-3] + (beam_size, shape[-2]), bool)
+  return out
 
 
 # Decoder cache entries that depend on the source only (model.MultiHeadAttention's
 # encoder-side keys and values): the same for every beam of a sentence.
 BEAM_INVARIANT_CACHE = ("cross_key", "cross_value", "cross_ready")
+# Self-attention keys and values, kept in place by the beams when `kv_owner` is present.
+IN_PLACE_CACHE = ("cached_key", "cached_value")
 
 
 def beam_reorder_mask(cache: Any) -> Any:
-  """Bools with the structure of a model cache: False for `BEAM_INVARIANT_CACHE` leaves,
-  which beam search then never reorders (`decode.beam_search`'s `reorder`)."""
+  """Bools with the structure of a model cache: False for the leaves that beam search never
+  reorders (`decode.beam_search`'s `reorder`): the `BEAM_INVARIANT_CACHE` ones, and the
+  `IN_PLACE_CACHE` ones of a module that has a `kv_owner` entry (`init_cache` with beams)."""
 
-  def reorder(path, _):
-    return not any(getattr(k, "key", None) in BEAM_INVARIANT_CACHE for k in path)
+  def mask(tree: Any, in_place: bool) -> Any:
+    if not isinstance(tree, dict):
+      return not in_place
+    in_place = "kv_owner" in tree
+    return {k: False if k in BEAM_INVARIANT_CACHE
+            else mask(v, in_place and k in IN_PLACE_CACHE) for k, v in tree.items()}
 
-  return jax.tree_util.tree_map_with_path(reorder, cache)
+  return mask(cache, False)
 
 
 def _has_key(tree: Any, name: str) -> bool:
@@ -64,8 +89,17 @@ def _merge_cross(fresh: Any, stepped: Any) -> Any:
   for k, v in fresh.items():
     if k == "cross_ready":
       continue
-    out[k] = stepped[k] if k in ("cross_key", "cross_value") else _merge_cross(v, stepped[k])
+    if k in ("cross_key", "cross_value"):
+      out[k] = stepped[k]
+    else:
+      out[k] = _merge_cross(v, stepped[k]) if k in stepped else v
   return out
+
+
+def _without(tree: Any, name: str) -> Any:
+  if not isinstance(tree, dict):
+    return tree
+  return {k: _without(v, name) for k, v in tree.items() if k != name}
 
 
 def prefill_cache(model_config: ModelConfig, params: Any, encoded: Array, inputs: Array,
@@ -82,7 +116,8 @@ def prefill_cache(model_config: ModelConfig, params: Any, encoded: Array, inputs
     return cache
   step_model = build_model(model_config, incremental=True)
   _, mutated = step_model.apply(
-    {"params": params, "cache": cache}, encoded, inputs,
+    # Without the beam groups: this step runs on the untiled batch.
+    {"params": params, "cache": _without(cache, "kv_owner")}, encoded, inputs,
     jnp.zeros((inputs.shape[0], 1), jnp.int32), method=type(step_model).decode_logits,
     mutable=["cache"],
   )
@@ -102,7 +137,7 @@ def decode_tokens(params: Any, inputs: Array, model_config: ModelConfig, *, beam
   encoded = model.apply({"params": params}, inputs, method=type(model).encode)
   src_lengths = jnp.sum(inputs > 0, axis=-1).astype(jnp.int32)
   max_lengths = jnp.minimum(src_lengths + max_extra_len, max_len)
-  cache = init_cache(model_config, batch, inputs.shape[1], max_len)
+  cache = init_cache(model_config, batch, inputs.shape[1], max_len, beam_size)
   cache = prefill_cache(model_config, params, encoded, inputs, cache)
   if beam_size > 1:
     encoded_b = decode_lib.tile_beams(encoded, beam_size)
