@@ -126,6 +126,18 @@ def test_packing_fills_rows_and_keeps_the_data_layer_contract():
                                 [1, 0, 1])
 
 
+def test_an_epoch_that_wraps_never_holds_an_example_twice_in_a_step():
+  # Fewer examples than one step holds: later epochs go round the permutation again.
+  s, t = np.array([3, 4, 5, 2, 6]), np.array([2, 2, 3, 4, 5])
+  p0 = packing.plan_epoch(np.arange(5), s, t, 4, 8, 8)
+  assert len(p0.bounds) == 2 and sorted(p0.example.tolist()) == list(range(5))
+  p1 = packing.plan_epoch(np.array([2, 0, 4, 3, 1]), s, t, 2, 8, 8, steps=4)
+  assert len(p1.bounds) == 5
+  for i in range(4):
+    step = p1.example[p1.bounds[i]:p1.bounds[i + 1]].tolist()
+    assert step and len(set(step)) == len(step)
+
+
 def test_shift_right_restarts_in_every_segment():
   targets = jnp.array([[5, 6, 1, 7, 1, 8, 9, 1, 0, 0]])
   segments = jnp.array([[1, 1, 1, 2, 2, 3, 3, 3, 0, 0]])
