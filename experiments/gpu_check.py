@@ -48,7 +48,7 @@ FULL = {"config": ["--config=configs/wmt.py:base", "--config.model.dtype=bfloat1
         "steps": ["--steps=10", "--warmup_steps=3", "--matmul_size=8192",
                   "--matmul_dtype=bfloat16"],
         "decode": ["--batch_size=32", "--src_len=32", "--out_len=64", "--beam_size=4",
-                   "--repeats=3"]}
+                   "--repeats=3", "--config.model.vocab_size=37000"]}
 SMOKE = {"config": ["--config=configs/wmt.py:tiny", "--config.model.vocab_size=64",
                     "--config.mesh.data=1"],
          "bucketed": ["--batch_size=4", "--src_len=8", "--tgt_len=8"],
@@ -133,7 +133,17 @@ def write_report(path: str, command: str, train: list[dict[str, Any]],
   if "error" in decode:
     body.append(f"Not measured: {decode['error']}.\n")
   else:
-    body.append("```\n" + json.dumps(decode, indent=1)[:4000] + "\n```\n")
+    body += [f"Batch {decode['batch_size']}, {decode['src_len']} source tokens, exactly "
+             f"{decode['out_len']} output tokens, {decode['dtype']}, random weights "
+             f"(`experiments.decode_benchmark`, best of {decode['repeats']}); same tokens "
+             f"cached and uncached: {decode['same_tokens']}.\n",
+             report.markdown_table(
+               ["decoder", "output tokens/s", "ms per step", "compile (s)"],
+               [[name.replace("_", " "), f"{decode[f'{key}_tokens_per_s']:,.0f}",
+                 f"{decode[f'{key}_ms_per_step']:.2f}", f"{decode[f'{key}_compile_s']:.1f}"]
+                for key, name in (("cached_beam", f"beam {decode['beam_size']} (KV cache)"),
+                                  ("cached_greedy", "greedy (KV cache)"),
+                                  ("uncached_greedy", "greedy without cache"))])]
   return report.write_markdown(
     path, f"GPU check: {kind}",
     "Made by `experiments/gpu_check.py` (method in its docstring). Peak: "

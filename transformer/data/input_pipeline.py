@@ -44,6 +44,7 @@ from absl import logging
 
 from transformer import storage
 from transformer.data import token_cache
+from transformer.data.batch_rows import padded_rows
 from transformer.data.errors import DataError
 from transformer.data.packing import PackedBatches
 from transformer.data.tfds_io import SplitReader, data_dir_of, import_tensorflow, require_prepared
@@ -193,16 +194,6 @@ def _buckets(config: Any) -> list[int]:
   if not buckets or buckets != sorted(set(buckets)) or buckets[0] < 1:
     raise ValueError(f"config.data.bucket_lengths must be increasing positive ints, got {buckets}")
   return buckets
-
-
-def padded_rows(rows: int, batch_multiple: int, process_count: int) -> int:
-  """`rows` rounded up to a multiple of `batch_multiple` (the devices a batch is split over)."""
-  if batch_multiple < 1 or batch_multiple % process_count:
-    raise ValueError(
-      f"batch_multiple={batch_multiple} must be a positive multiple of "
-      f"process_count={process_count}"
-    )
-  return -(-rows // batch_multiple) * batch_multiple
 
 
 @dataclasses.dataclass

@@ -1,0 +1,15 @@
+"""Rows of a global batch: the plan's rows rounded up to the devices the batch is split over.
+
+Shared by the bucketed (input_pipeline.TrainBatches, evaluation batches) and the packed
+(packing.PackedBatches) plans, which add the extra rows as all-zero padding rows.
+"""
+
+
+def padded_rows(rows: int, batch_multiple: int, process_count: int) -> int:
+  """`rows` rounded up to a multiple of `batch_multiple` (the devices a batch is split over)."""
+  if batch_multiple < 1 or batch_multiple % process_count:
+    raise ValueError(
+      f"batch_multiple={batch_multiple} must be a positive multiple of "
+      f"process_count={process_count}"
+    )
+  return -(-rows // batch_multiple) * batch_multiple
