@@ -33,14 +33,14 @@ import os
 from absl import app, flags
 from ml_collections import config_flags
 
-from transformer.errors import fail, parse_flags
+from transformer.errors import fail, flags_parser
 
 _PART = flags.DEFINE_list("part", ["cost", "long_range"],
                           "cost (parallelism and memory), long_range, or both.")
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/numbers.py",
-                                          "Model of the cost part.")
-_LONG_RANGE = config_flags.DEFINE_config_file("long_range", "configs/long_range.py",
-                                              "Settings of the long-range task.")
+_CONFIG = config_flags.DEFINE_config_file("config", None,
+                                          "Model of the cost part (configs/numbers.py).")
+_LONG_RANGE = config_flags.DEFINE_config_file(
+  "long_range", None, "Settings of the long-range task (configs/long_range.py).")
 _LENGTHS = flags.DEFINE_list("lengths", [str(2**k) for k in range(5, 12)], "Lengths n.")
 _BATCH = flags.DEFINE_integer("batch_size", 2, "Rows per step in the cost part.")
 _STEPS = flags.DEFINE_integer("steps", 3, "Timed steps per length (best is kept).")
@@ -88,4 +88,5 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-  app.run(main, flags_parser=parse_flags)
+  app.run(main, flags_parser=flags_parser(config="configs/numbers.py",
+                                           long_range="configs/long_range.py"))

@@ -28,7 +28,7 @@ from typing import Any
 from absl import app, flags
 
 from experiments import report as report_lib  # `report` is this module's report
-from transformer.errors import fail
+from transformer.errors import fail, parse_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEER = os.path.join(ROOT, "experiments", "torch_peer.py")
@@ -177,4 +177,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

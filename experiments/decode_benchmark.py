@@ -24,7 +24,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from experiments import decoding, report
-from transformer.errors import UserError, fail
+from transformer.errors import UserError, fail, flags_parser
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config",
@@ -48,17 +48,6 @@ _REPORT = flags.DEFINE_string(
   "report", os.path.join(decoding.ROOT, "experiments", "results", "decode_vs_ctranslate2.md"),
   "--peer: the markdown report to write ('' for none).")
 FLAGS = flags.FLAGS
-
-
-def parse(argv: list[str]) -> list[str]:
-  if not any(arg == "--config" or arg.startswith("--config=") for arg in argv[1:]):
-    argv = [argv[0], f"--config={decoding.DEFAULT_CONFIG}", *argv[1:]]
-  try:
-    return FLAGS(argv)
-  except flags.Error as e:
-    fail(str(e).strip().splitlines()[0])
-  except Exception as e:  # noqa: BLE001 - a config file that fails to load or parse
-    fail(f"--config: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e) else ''}")
 
 
 def overridden(field: str) -> bool:
@@ -124,4 +113,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=parse)
+  app.run(main, flags_parser=flags_parser(config=decoding.DEFAULT_CONFIG))

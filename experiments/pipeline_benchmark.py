@@ -35,7 +35,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from experiments import measure, report
-from transformer.errors import fail
+from transformer.errors import fail, parse_flags
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/wmt.py.",
                                           lock_config=False)
@@ -260,4 +260,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

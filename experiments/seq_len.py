@@ -35,11 +35,11 @@ import os
 from absl import app, flags
 from ml_collections import config_flags
 
-from transformer.errors import UserError, fail, parse_flags
+from transformer.errors import UserError, fail, flags_parser
 
 _PART = flags.DEFINE_list("part", ["cost", "quality"], "cost, quality, or both.")
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/numbers.py",
-                                          "Model of the cost part.")
+_CONFIG = config_flags.DEFINE_config_file("config", None,
+                                          "Model of the cost part (configs/numbers.py).")
 _LENGTHS = flags.DEFINE_list("lengths", [str(2**k) for k in range(6, 13)],
                              "Sequence lengths n (source = target = n).")
 _BATCH = flags.DEFINE_integer("batch_size", 2, "Rows per training step (cost).")
@@ -90,4 +90,4 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-  app.run(main, flags_parser=parse_flags)
+  app.run(main, flags_parser=flags_parser(config="configs/numbers.py"))

@@ -16,6 +16,7 @@ import time
 from absl import app, flags
 
 from transformer.data import synthetic_wmt
+from transformer.errors import parse_flags
 
 _DATA_DIR = flags.DEFINE_string("data_dir", None, "TFDS data dir to write into.", required=True)
 _TRAIN_SIZE = flags.DEFINE_integer(
@@ -60,4 +61,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

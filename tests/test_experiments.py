@@ -368,3 +368,18 @@ def test_attention_weights_match_float64_numpy():
       assert np.all(np.triu(w[0, 0], 1) == 0)
   attn = attention_weights.maps(records)
   assert [m["kind"] for m in attn] == [k for k in attention_weights.KINDS for _ in range(2)]
+
+
+@pytest.mark.parametrize("args, names", [
+  (["experiments.claims", "--part=long_range", "--long_range.nope=3"], "--long_range.nope"),
+  (["experiments.seq_len", "--config.model.nope=3"], "--config.model.nope"),
+  (["experiments.benchmark", "--config=configs/nope.py"], "configs/nope.py"),
+  (["experiments.sweep", "--parallel=two"], "--parallel"),
+  (["experiments.attention_maps", "--nope"], "nope"),
+])
+def test_a_bad_flag_is_one_line_and_exit_2(args, names):
+  proc = subprocess.run([sys.executable, "-m", *args], cwd=ROOT, env=ENV, capture_output=True,
+                        text=True, timeout=300)
+  lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+  assert proc.returncode == 2 and len(lines) == 1 and names in lines[0], proc.stderr[-2000:]
+  assert "Traceback" not in proc.stderr
