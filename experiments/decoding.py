@@ -49,17 +49,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments import measure, report
-from transformer import decode as decode_lib
+from transformer.data.tokenizer import EOS_ID, PAD_ID
 from transformer.errors import ConfigError
 from transformer.model import ModelConfig
 from transformer.model_family import build_model
-from transformer.translate import beam_reorder_mask, init_cache, prefill_cache
+from transformer.translate import decode_tokens
 
 Array = jax.Array
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_CONFIG = os.path.join(ROOT, "configs", "wmt.py") + ":base"
-PAD_ID, EOS_ID = 0, 1
 WMT_VOCAB_SIZE = 37000  # the paper's shared BPE vocabulary, as in configs/wmt.py
 DEFAULT_VOCAB_SIZE = 8192  # what the benchmark uses instead, unless the command line sets it
 MODES = ("cached_greedy", "cached_beam", "uncached_greedy")
@@ -83,53 +82,11 @@ def cached_decode(
   """`translate.decode_tokens` with outputs of exactly out_len tokens: int32 [b, out_len].
 
   inputs int32 [b, s]. beam_size 1 runs `greedy_decode`, more runs `beam_search` (best beam
-  returned). The step counter that decides the suppression travels with the model's cache as
-  a batch-major leaf, so beam search tiles and reorders it like the rest of the cache.
+  returned); `suppress_end` is its logits filter.
   """
-  model = build_model(mc)
-  step_model = build_model(mc, incremental=True)
-  batch = inputs.shape[0]
-  encoded = model.apply({"params": params}, inputs, method=type(model).encode)
-  model_cache = prefill_cache(mc, params, encoded, inputs,
-                              init_cache(mc, batch, inputs.shape[1], out_len, beam_size))
-  cache = (model_cache, jnp.zeros((batch,), jnp.int32))
-  if beam_size > 1:
-    encoded, inputs = decode_lib.tile_beams((encoded, inputs), beam_size)
-
-  def tokens_to_logits(ids: Array, cache: Any) -> tuple[Array, Any]:
-    model_cache, step = cache
-    logits, mutated = step_model.apply(
-      {"params": params, "cache": model_cache},
-      encoded,
-      inputs,
-      ids,
-      method=type(step_model).decode_logits,
-      mutable=["cache"],
-    )
-    return suppress_end(logits[:, -1, :], step, out_len), (mutated["cache"], step + 1)
-
-  max_lengths = jnp.full((batch,), out_len, jnp.int32)
-  if beam_size == 1:
-    return decode_lib.greedy_decode(
-      tokens_to_logits,
-      cache,
-      batch_size=batch,
-      max_lengths=max_lengths,
-      max_len=out_len,
-      eos_id=EOS_ID,
-    )
-  seqs, _ = decode_lib.beam_search(
-    tokens_to_logits,
-    cache,
-    batch_size=batch,
-    beam_size=beam_size,
-    alpha=alpha,
-    max_lengths=max_lengths,
-    max_len=out_len,
-    eos_id=EOS_ID,
-    reorder=(beam_reorder_mask(cache[0]), True),
-  )
-  return seqs[:, 0]
+  return decode_tokens(params, inputs, mc, beam_size=beam_size, alpha=alpha,
+                       max_extra_len=out_len, max_len=out_len,
+                       logits_filter=lambda logits, step: suppress_end(logits, step, out_len))
 
 
 def uncached_greedy_decode(

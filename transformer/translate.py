@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -125,11 +125,14 @@ def prefill_cache(model_config: ModelConfig, params: Any, encoded: Array, inputs
 
 
 def decode_tokens(params: Any, inputs: Array, model_config: ModelConfig, *, beam_size: int,
-                  alpha: float, max_extra_len: int, max_len: int) -> Array:
+                  alpha: float, max_extra_len: int, max_len: int,
+                  logits_filter: Callable[[Array, Array], Array] | None = None) -> Array:
   """Translations of `inputs` int32 [b, s] (0-padded, EOS-terminated) -> int32 [b, max_len].
 
   beam_size 1 is greedy. The longest output of a sentence is its length + max_extra_len
-  (section 6.1), capped at max_len.
+  (section 6.1), capped at max_len. `logits_filter(logits [rows, V], step int [rows])`, if
+  given, changes every step's logits (the decoding benchmark forces exact output lengths with
+  it); its step counter travels with the cache, so beam search tiles and reorders it too.
   """
   model = build_model(model_config)
   step_model = build_model(model_config, incremental=True)
@@ -139,25 +142,28 @@ def decode_tokens(params: Any, inputs: Array, model_config: ModelConfig, *, beam
   max_lengths = jnp.minimum(src_lengths + max_extra_len, max_len)
   cache = init_cache(model_config, batch, inputs.shape[1], max_len, beam_size)
   cache = prefill_cache(model_config, params, encoded, inputs, cache)
+  reorder = beam_reorder_mask(cache)
+  if logits_filter is not None:
+    cache, reorder = (cache, jnp.zeros((batch,), jnp.int32)), (reorder, True)
   if beam_size > 1:
-    encoded_b = decode_lib.tile_beams(encoded, beam_size)
-    inputs_b = decode_lib.tile_beams(inputs, beam_size)
-  else:
-    encoded_b, inputs_b = encoded, inputs
+    encoded, inputs = decode_lib.tile_beams((encoded, inputs), beam_size)
 
   def tokens_to_logits(ids, cache):
+    model_cache, step = cache if logits_filter is not None else (cache, None)
     logits, mutated = step_model.apply(
-      {"params": params, "cache": cache}, encoded_b, inputs_b, ids,
+      {"params": params, "cache": model_cache}, encoded, inputs, ids,
       method=type(step_model).decode_logits, mutable=["cache"],
     )
-    return logits[:, -1, :], mutated["cache"]
+    if logits_filter is None:
+      return logits[:, -1, :], mutated["cache"]
+    return logits_filter(logits[:, -1, :], step), (mutated["cache"], step + 1)
 
   if beam_size == 1:
     return decode_lib.greedy_decode(tokens_to_logits, cache, batch_size=batch,
                                     max_lengths=max_lengths, max_len=max_len)
   seqs, _ = decode_lib.beam_search(tokens_to_logits, cache, batch_size=batch,
                                    beam_size=beam_size, alpha=alpha, max_lengths=max_lengths,
-                                   max_len=max_len, reorder=beam_reorder_mask(cache))
+                                   max_len=max_len, reorder=reorder)
   return seqs[:, 0]
 
 
