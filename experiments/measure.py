@@ -343,7 +343,7 @@ def exponents(records: list[dict[str, Any]], key: str,
               fit_from: int) -> dict[str, tuple[float | None, float | None]]:
   """Per kind: slope of log(key) on log(n) over all n and over n >= fit_from.
 
-  `records` are dicts with 'kind', 'n' and `key` (seq_len.cost_sweep's records).
+  `records` are dicts with 'kind', 'n' and `key` (step_cost.cost_sweep's records).
   """
   out = {}
   for kind in dict.fromkeys(r["kind"] for r in records):

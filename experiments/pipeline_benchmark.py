@@ -11,7 +11,7 @@ workdir (vocabulary and cache present). Each start goes through the library's ow
   open          `input_pipeline.open_reader` (data check; builds the numbers corpus if absent)
   vocabulary    `get_tokenizer` (the sample streamed by index, SentencePiece training)
   token cache   `token_cache.load_or_build` (stream, tokenize, write; or memory-map)
-  batch plan    `TrainBatches` and the first epoch's plan, the evaluation splits
+  batch plan    `train_batches` (bucketed or packed), its first epoch, the evaluation splits
   first step    the sharded init, compile and one training step of the model
 
 and reports the wall time and the peak resident memory (RSS, sampled every 50 ms) of each, then
@@ -117,8 +117,8 @@ def one_start(config: Any, workdir: str, batches: int) -> dict[str, Any]:
   split = token_cache.load_or_build(reader, "train", tok, token_cache.cache_root(config, workdir))
   stage("token cache")
   mesh = sharding_lib.make_mesh(config.mesh)
-  train = input_pipeline.TrainBatches(split, config,
-                                      batch_multiple=sharding_lib.data_parallel_size(mesh))
+  train = input_pipeline.train_batches(split, config,
+                                       batch_multiple=sharding_lib.data_parallel_size(mesh))
   train.batch(0)  # draws the first epoch's plan
   input_pipeline.evaluation_data(config, reader, tok, sharding_lib.data_parallel_size(mesh))
   stage("batch plan")

@@ -72,7 +72,7 @@ def run_quality(sweep_spec: str, root: str, bins: list[tuple[int, int | None]],
     if tokenizer.sha256 not in tokenized:
       tokenized[tokenizer.sha256] = TokenizedSplit.from_sequences(
         *input_pipeline.tokenize_pairs(tokenizer, splits["train"]))
-    kept = input_pipeline.TrainBatches(tokenized[tokenizer.sha256], config).num_examples
+    kept = input_pipeline.train_batches(tokenized[tokenizer.sha256], config).num_examples
     models.append({"point": p.name, "max_len": int(config.data.max_source_len),
                    "step": rows[p.name]["step"], "train_kept": kept,
                    "train_total": len(splits["train"]),
