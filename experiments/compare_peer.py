@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from typing import Any
 
 from absl import app, flags
 
+from experiments import measure
 from experiments import report as report_lib  # `report` is this module's report
 from transformer.errors import fail, parse_flags
 
@@ -63,23 +63,6 @@ _OUT = flags.DEFINE_string("out", os.path.join("experiments", "results", "benchm
                            "Output path without extension (.jsonl and .md are written).")
 
 
-def _last_json(text: str) -> dict[str, Any]:
-  for line in reversed(text.strip().splitlines()):
-    if line.startswith("{"):
-      return json.loads(line)
-  raise RuntimeError(f"no JSON line in the output:\n{text[-2000:]}")
-
-
-def _run(cmd: list[str]) -> dict[str, Any]:
-  load = os.getloadavg()[0]
-  proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "XLA_FLAGS": ""})
-  if proc.returncode:
-    raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-  record = _last_json(proc.stdout)
-  record["load_at_start"] = load
-  return record
-
-
 def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
   """One row per variant: best of ours, best of the peer runs paired with that variant."""
   rows = []
@@ -105,7 +88,7 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
   return rows
 
 
-def report(records: list[dict[str, Any]], command: str) -> str:
+def write_report(path: str, records: list[dict[str, Any]], command: str) -> str:
   rows = summarize(records)
   ours0 = next(r for r in records if r["program"] == "ours")
   peer0 = next(r for r in records if r["program"] == "peer")
@@ -122,21 +105,18 @@ def report(records: list[dict[str, Any]], command: str) -> str:
     f"{r['peer_fraction']:.2f} ({r['peer_matmul_gflops']:.0f})",
     f"{r['ours_step_cpu_s']:.2f}", f"{r['compile_s']:.1f}", f"{r['temp_mib']:.0f}",
   ] for r in rows]
-  return "\n".join([
-    "# Our training step against the PyTorch peer, alternated in one session\n",
+  return report_lib.write_markdown(
+    path, "Our training step against the PyTorch peer, alternated in one session",
     "Made by `experiments/compare_peer.py` (method in its docstring); every run's JSON line "
     f"is in `{os.path.basename(_OUT.value)}.jsonl`. Tokens/s count source + target tokens; "
     "each side's best run, ratio = our best / the peer's best. Model FLOPs per step: "
     f"{ours0['model_flops_per_step']:,} (ours) and {peer0['model_flops_per_step']:,} (peer), "
-    "by the same formula.\n",
-    "## Command\n", f"```\n{command}\n```\n",
-    "`PY`: a Python with torch (requirements-peer.txt). The peer's script: "
-    f"`{report_lib.public_path(_PEER.value)}`.\n",
-    "## Machine\n", report_lib.hardware_markdown(report_lib.hardware()),
-    f"- Peer: torch {peer0.get('torch', '?')}, {peer0.get('threads', '?')} threads. "
-    f"Load average (1 min) at the start of the runs: {min(loads):.2f} to {max(loads):.2f}.\n",
-    "## Results\n", report_lib.markdown_table(header, table), "",
-  ])
+    "by the same formula. In the command, `PY` is a Python with torch (requirements-peer.txt); "
+    f"the peer's script is `{report_lib.public_path(_PEER.value)}`.", command,
+    ["## Results\n", report_lib.markdown_table(header, table)],
+    machine_note=f"- Peer: torch {peer0.get('torch', '?')}, {peer0.get('threads', '?')} "
+    f"threads. Load average (1 min) at the start of the runs: {min(loads):.2f} to "
+    f"{max(loads):.2f}.\n")
 
 
 def main(argv: list[str]) -> None:
@@ -162,15 +142,15 @@ def main(argv: list[str]) -> None:
                     *_PEER_FLAGS.value]),
         ):
           t = time.time()
-          record = {"variant": name, "program": program, "round": round_, **_run(cmd)}
+          record = {"variant": name, "program": program, "round": round_,
+                    **measure.run_json(cmd, env={"XLA_FLAGS": ""})}
           f.write(json.dumps(record) + "\n")
           f.flush()
           records.append(record)
           print(f"[compare_peer] round {round_ + 1}/{_ROUNDS.value} {name:14s} {program}: "
                 f"{record['tokens_per_s']:.0f} tokens/s ({time.time() - t:.0f} s)", flush=True)
-  with open(_OUT.value + ".md", "w") as f:
-    f.write(report(records, report_lib.public_command(report_lib.command_line(),
-                                                         hide=("--peer_python",))))
+  write_report(_OUT.value + ".md", records,
+               report_lib.public_command(report_lib.command_line(), hide=("--peer_python",)))
   for r in summarize(records):
     print(f"[compare_peer] {r['variant']}: ours {r['ours_best']:.0f} / peer {r['peer_best']:.0f} "
           f"tokens/s = {r['ratio']:.2f}x")

@@ -1,18 +1,15 @@
 """Decoding-speed benchmark (the command; the method is in experiments/decoding.py).
 
-    python -m experiments.decode_benchmark --config=configs/wmt.py:base \
-        --batch_size=8 --src_len=32 --out_len=64 --beam_size=4 --repeats=3
-
-times KV-cached greedy and beam search against uncached greedy decoding; the last line printed
-is one JSON object.
-
+    python -m experiments.decode_benchmark --batch_size=8 --src_len=32 --out_len=64 \
+        --beam_size=4 --repeats=3                      # -> experiments/results/decode.md
     python -m experiments.decode_benchmark --peer=ctranslate2 --peer_batch_sizes=32,1 \
-        --src_len=32 --out_len=64 --beam_size=4 --repeats=3
+        --src_len=32 --out_len=64 --beam_size=4 --repeats=3   # -> decode_vs_ctranslate2.md
 
-times the cached decoders against CTranslate2 float32 and int8 on the same (random) weights,
-alternated in one run, and writes experiments/results/decode_vs_ctranslate2.md (or --report)
-with the command and the machine. The config defaults to configs/wmt.py:base with float32 on
-CPU and vocabulary 8192 (see `decoding.apply_defaults`).
+The first times KV-cached greedy and beam search against uncached greedy decoding, the second
+against CTranslate2 float32 and int8 on the same (random) weights. Both print the table and,
+last, one JSON object, and write the report (`--report`) with the command and the machine. The
+config defaults to configs/wmt.py:base with float32 on CPU and vocabulary 8192
+(`decoding.apply_defaults`).
 """
 
 from __future__ import annotations
@@ -35,9 +32,9 @@ _CONFIG = config_flags.DEFINE_config_file(
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", 8, "Sentences per batch.")
 _SRC_LEN = flags.DEFINE_integer("src_len", 32, "Source tokens per sentence (EOS included).")
 _OUT_LEN = flags.DEFINE_integer("out_len", 64, "Output tokens per sentence (EOS included).")
-_BEAM_SIZE = flags.DEFINE_integer("beam_size", 4, "Beams of the cached beam search (>= 2).")
-_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed runs of each decoder (best is kept).")
-_WARMUP = flags.DEFINE_integer("warmup", 1, "Untimed runs of each decoder after compiling.")
+_BEAM_SIZE = flags.DEFINE_integer("beam_size", 4, "Beams of the beam search (>= 2).")
+_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed rounds (best is kept).")
+_WARMUP = flags.DEFINE_integer("warmup", 1, "Untimed rounds after compiling.")
 _PEER = flags.DEFINE_enum("peer", None, list(decoding.PEERS),
                           "Compare against this library on the same weights instead.")
 _PEER_BATCH_SIZES = flags.DEFINE_list("peer_batch_sizes", ["32", "1"],
@@ -45,35 +42,14 @@ _PEER_BATCH_SIZES = flags.DEFINE_list("peer_batch_sizes", ["32", "1"],
 _THREADS = flags.DEFINE_integer("threads", None, "--peer: CTranslate2 threads (default: all "
                                 "cores, as XLA's CPU runtime uses).")
 _REPORT = flags.DEFINE_string(
-  "report", os.path.join(decoding.ROOT, "experiments", "results", "decode_vs_ctranslate2.md"),
-  "--peer: the markdown report to write ('' for none).")
+  "report", None, "The markdown report ('' for none); default experiments/results/decode.md, "
+  "with --peer decode_vs_ctranslate2.md.")
 FLAGS = flags.FLAGS
 
 
 def overridden(field: str) -> bool:
   name = f"config.{field}"
   return name in FLAGS and FLAGS[name].present > 0
-
-
-def _batch_sizes() -> tuple[int, ...]:
-  try:
-    return tuple(int(b) for b in _PEER_BATCH_SIZES.value)
-  except ValueError:
-    fail(f"--peer_batch_sizes={','.join(_PEER_BATCH_SIZES.value)}: integers expected")
-
-
-def _peer(config) -> None:
-  command = report.command_line()
-  record = decoding.run_peer_benchmark(
-    config, _batch_sizes(), _SRC_LEN.value, _OUT_LEN.value, _BEAM_SIZE.value, _REPEATS.value,
-    _WARMUP.value, _THREADS.value, log=lambda message: print(message, flush=True),
-  )
-  table = decoding.peer_table(record)
-  print(table, flush=True)
-  if _REPORT.value:
-    path = decoding.write_peer_report(_REPORT.value, record, report.public_command(command))
-    print(f"report: {path}", flush=True)
-  print(json.dumps(record), flush=True)
 
 
 def main(argv: list[str]) -> None:
@@ -86,29 +62,26 @@ def main(argv: list[str]) -> None:
     fail(f"--config: {str(e).strip().splitlines()[0]} ({FLAGS['config'].config_filename})")
   for change in changes:
     print(f"default: {change}", flush=True)
+  batch_sizes = (_BATCH_SIZE.value,)
+  if _PEER.value:
+    try:
+      batch_sizes = tuple(int(b) for b in _PEER_BATCH_SIZES.value)
+    except ValueError:
+      fail(f"--peer_batch_sizes={','.join(_PEER_BATCH_SIZES.value)}: integers expected")
+  command = report.public_command(report.command_line())
   try:
-    if _PEER.value:
-      _peer(config)
-      return
     record = decoding.run_benchmark(
-      config, _BATCH_SIZE.value, _SRC_LEN.value, _OUT_LEN.value, _BEAM_SIZE.value,
-      _REPEATS.value, _WARMUP.value, log=lambda message: print(message, flush=True),
-    )
+      config, batch_sizes, _SRC_LEN.value, _OUT_LEN.value, _BEAM_SIZE.value, _REPEATS.value,
+      _WARMUP.value, _PEER.value, _THREADS.value, log=lambda message: print(message, flush=True))
   except UserError as e:
     fail(str(e))
-  for mode in decoding.MODES:
-    print(
-      f"{mode:16s} {record[f'{mode}_s']:8.3f} s  "
-      f"{record[f'{mode}_sentences_per_s']:9.2f} sentences/s  "
-      f"{record[f'{mode}_tokens_per_s']:10.1f} tokens/s",
-      flush=True,
-    )
-  print(
-    f"speed-up of cached over uncached greedy at out_len {record['out_len']}: "
-    f"{record['speedup_cached_vs_uncached_greedy']:.2f}x; same tokens: "
-    f"{record['same_tokens']}",
-    flush=True,
-  )
+  print(decoding.results_table(record), flush=True)
+  path = _REPORT.value
+  if path is None:
+    name = "decode_vs_ctranslate2.md" if _PEER.value else "decode.md"
+    path = os.path.join(decoding.ROOT, "experiments", "results", name)
+  if path:
+    print(f"report: {decoding.write_report(path, record, command)}", flush=True)
   print(json.dumps(record), flush=True)
 
 

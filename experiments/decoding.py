@@ -1,46 +1,37 @@
-"""Decoding-speed measurements (no flags; the command is experiments/decode_benchmark.py).
+"""Decoding speed (no flags; the command is experiments/decode_benchmark.py).
 
-Two benchmarks share the helpers here:
+`run_benchmark` times decoders of random parameters on random source batches (ids in
+[2, vocab), EOS last, no padding), every decoder producing exactly `out_len` tokens per
+sentence, so that all run the same number of steps:
 
-`run_benchmark`: KV-cached greedy and beam search against uncached greedy decoding. With random
-parameters and random source batches (ids in [2, vocab), EOS = 1 last, no padding) it compiles,
-warms up and then times three decoders, each producing exactly `out_len` tokens per sentence:
+  - ours greedy / beam: `transformer.translate.decode_tokens` (encode once, then
+    `greedy_decode` or `beam_search` over the model's KV cache, one token per step), with
+    `suppress_end` as its logits filter: EOS and padding are -inf before the last step, and
+    the decoders force the EOS there;
+  - uncached greedy (without a peer): one jitted `lax.fori_loop` whose step t re-runs the whole
+    decoder (`decode_logits`) on the fixed-length [b, out_len] input of the tokens so far and
+    takes position t's logits; its tokens must equal ours greedy (`same_tokens`);
+  - with `peer='ctranslate2'`: CTranslate2 float32 and int8 (quantized at load) greedy and beam
+    search on the same weights, exported by `transformer.export`; the end token is forbidden
+    before `out_len` tokens and decoding stops there. Its length penalty is length ** alpha,
+    not the GNMT form: with every hypothesis of one length it changes no ranking.
 
-  - cached_greedy: the path of `transformer.translate.decode_tokens` with beam 1 (encode once,
-    then `transformer.decode.greedy_decode` over the model's KV cache, one token per step);
-  - cached_beam: the same path with `beam_search` and `beam_size` beams;
-  - uncached_greedy: the naive decoder, one jitted `lax.fori_loop` whose step t re-runs the
-    whole decoder (`Transformer.decode_logits`) on a fixed-length [b, out_len] input holding
-    the tokens produced so far (positions after t hold 0; causality makes them irrelevant) and
-    takes position t's logits.
+Every round runs all decoders one after the other (`measure.time_interleaved`), so that a load
+change on a shared machine hits them alike; times are the best of `repeats` rounds after
+`warmup` (median kept too); tokens/s = batch * out_len / time, output tokens whatever the
+number of beams, encoder included.
 
-So that every decoder runs the same number of steps, the outputs are forced to be `out_len`
-tokens long: before the last step the EOS and padding logits are set to -inf, and the last
-token is the EOS (the decoders' own `max_lengths` rule). The cached path is the glue of
-`decode_tokens`, re-implemented here only to add this suppression; the search itself is the
-project's `greedy_decode` / `beam_search` and the cache is the model's. The greedy decoders
-must agree token for token (`same_tokens`); their outputs are compared on every batch run.
-
-`run_peer_benchmark`: the cached decoders against CTranslate2 on the same weights (exported
-with `transformer.export`), float32 and int8, greedy and beam search, at several batch sizes;
-see its docstring.
-
-Times are the BEST of `repeats` timed runs (median also reported), each run synchronised
-before its clock stops; the decoders are interleaved run by run, so that a load change on a
-shared machine hits them alike. sentences/s = batch / time; tokens/s = batch * out_len / time
-(output tokens, whatever the number of beams).
-
-Defaults on top of the config (`apply_defaults`; each one yields to an explicit
-`--config.model.<field>`): the compute dtype is float32 on CPU (bfloat16 matmuls are slow
-there), and the WMT configs' 37000-token vocabulary is replaced by 8192 (`DEFAULT_VOCAB_SIZE`).
+Defaults on top of the config (`apply_defaults`; each yields to an explicit
+`--config.model.<field>`): float32 on CPU (bfloat16 matmuls are slow there), and the WMT
+configs' 37000-token vocabulary replaced by 8192 (`DEFAULT_VOCAB_SIZE`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -61,14 +52,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_CONFIG = os.path.join(ROOT, "configs", "wmt.py") + ":base"
 WMT_VOCAB_SIZE = 37000  # the paper's shared BPE vocabulary, as in configs/wmt.py
 DEFAULT_VOCAB_SIZE = 8192  # what the benchmark uses instead, unless the command line sets it
-MODES = ("cached_greedy", "cached_beam", "uncached_greedy")
+PEERS = ("ctranslate2",)
+SEARCHES = ("greedy", "beam")
 
 
 def suppress_end(logits: Array, step: Array, out_len: int) -> Array:
   """Sets the EOS and padding logits to -inf before step out_len - 1.
 
-  logits float [b, V]; step int scalar or [b] (broadcast over the vocabulary). At the last
-  step the logits are returned unchanged (the decoders force the EOS there).
+  logits float [b, V]; step int scalar or [b] (broadcast over the vocabulary).
   """
   vocab = jnp.arange(logits.shape[-1])
   banned = (vocab == EOS_ID) | (vocab == PAD_ID)
@@ -79,11 +70,7 @@ def suppress_end(logits: Array, step: Array, out_len: int) -> Array:
 def cached_decode(
   params: Any, inputs: Array, mc: ModelConfig, *, beam_size: int, alpha: float, out_len: int
 ) -> Array:
-  """`translate.decode_tokens` with outputs of exactly out_len tokens: int32 [b, out_len].
-
-  inputs int32 [b, s]. beam_size 1 runs `greedy_decode`, more runs `beam_search` (best beam
-  returned); `suppress_end` is its logits filter.
-  """
+  """`translate.decode_tokens` with outputs of exactly out_len tokens: int32 [b, out_len]."""
   return decode_tokens(params, inputs, mc, beam_size=beam_size, alpha=alpha,
                        max_extra_len=out_len, max_len=out_len,
                        logits_filter=lambda logits, step: suppress_end(logits, step, out_len))
@@ -95,11 +82,9 @@ def uncached_greedy_decode(
   """Greedy decoding that re-runs the decoder on the whole prefix at every step.
 
   inputs int32 [b, s] -> int32 [b, out_len], the same tokens as `cached_decode` with beam 1.
-  Step t feeds the decoder the fixed-length input [0, y_0, ..., y_{t-1}, 0, ...] (the output
-  so far shifted right) and reads the logits at position t.
+  Step t feeds the decoder [0, y_0, ..., y_{t-1}, 0, ...] and reads the logits at position t.
   """
   model = build_model(mc)
-  batch = inputs.shape[0]
   encoded = model.apply({"params": params}, inputs, method=type(model).encode)
 
   def step(t: Array, seqs: Array) -> Array:
@@ -112,7 +97,7 @@ def uncached_greedy_decode(
     token = jnp.where(t == out_len - 1, EOS_ID, token)
     return jax.lax.dynamic_update_slice(seqs, token[:, None], (0, t))
 
-  return jax.lax.fori_loop(0, out_len, step, jnp.zeros((batch, out_len), jnp.int32))
+  return jax.lax.fori_loop(0, out_len, step, jnp.zeros((inputs.shape[0], out_len), jnp.int32))
 
 
 def random_sources(
@@ -130,22 +115,33 @@ def exact_length(tokens: np.ndarray) -> bool:
   return bool(np.all(tokens[:, -1] == EOS_ID) and np.all((body != EOS_ID) & (body != PAD_ID)))
 
 
-def _check_args(
-  mc: ModelConfig,
-  batch_size: int,
-  src_len: int,
-  out_len: int,
-  beam_size: int,
-  repeats: int,
-  warmup: int,
-) -> None:
+def ct2_translators(model_dir: str, threads: int) -> dict[str, Any]:
+  """CTranslate2 translators of one exported float32 model: float32 and int8 (quantized at
+  load), each on `threads` threads, one batch at a time."""
+  import ctranslate2
+
+  return {f"ct2_{compute_type}": ctranslate2.Translator(
+    model_dir, device="cpu", compute_type=compute_type, inter_threads=1, intra_threads=threads)
+    for compute_type in ("float32", "int8")}
+
+
+def ct2_decode(translator: Any, sources: list[list[str]], *, beam_size: int, alpha: float,
+               out_len: int) -> list[list[str]]:
+  """CTranslate2's best hypothesis of each source, exactly `out_len` tokens long."""
+  results = translator.translate_batch(
+    sources, beam_size=beam_size, length_penalty=alpha if beam_size > 1 else 0.0,
+    min_decoding_length=out_len, max_decoding_length=out_len, max_batch_size=0,
+  )
+  return [r.hypotheses[0] for r in results]
+
+
+def check_args(mc: ModelConfig, batch_sizes: tuple[int, ...], src_len: int, out_len: int,
+               beam_size: int, repeats: int, warmup: int, peer: str | None = None) -> None:
+  """ConfigError for a shape the benchmark cannot run, before anything is built."""
   measure.check_at_least((
-    ("--batch_size", batch_size, 1),
-    ("--src_len", src_len, 1),
-    ("--out_len", out_len, 1),
-    ("--beam_size", beam_size, 2),
-    ("--repeats", repeats, 1),
-    ("--warmup", warmup, 0),
+    ("--peer_batch_sizes" if peer else "--batch_size", min(batch_sizes, default=0), 1),
+    ("--src_len", src_len, 1), ("--out_len", out_len, 1), ("--beam_size", beam_size, 2),
+    ("--repeats", repeats, 1), ("--warmup", warmup, 0),
   ))
   if mc.kind == "transformer" and max(src_len, out_len) > mc.max_len:
     raise ConfigError(
@@ -158,127 +154,110 @@ def _check_args(
 
 def run_benchmark(
   config: Any,
-  batch_size: int = 8,
+  batch_sizes: tuple[int, ...] = (8,),
   src_len: int = 32,
   out_len: int = 64,
   beam_size: int = 4,
   repeats: int = 3,
   warmup: int = 1,
-  log: Callable[[str], None] | None = None,
+  peer: str | None = None,
+  threads: int | None = None,
+  log: Callable[[str], None] = lambda message: None,
 ) -> dict[str, Any]:
-  """Compiles, warms up and times the three decoders; returns the JSON record.
+  """Compiles and times the decoders (module docstring) at each batch size: the JSON record.
 
-  `config` is used as given (the command line's defaults are applied by `main`). Raises
+  `config` is used as given (the command line's defaults are applied by `main`); CTranslate2
+  runs on `threads` threads (default: all cores, as XLA's CPU runtime uses). Raises
   ConfigError for a config or shape the benchmark cannot run.
   """
+  from transformer import export
   from transformer.validate import model_config
 
-  log = log or (lambda message: None)
   mc = model_config(config)
-  _check_args(mc, batch_size, src_len, out_len, beam_size, repeats, warmup)
-  alpha = float(config.decode.alpha)
-  seed = int(config.seed)
-
-  host_rng = np.random.default_rng(seed)
-  batches = [
-    jnp.asarray(random_sources(host_rng, batch_size, src_len, mc.vocab_size))
-    for _ in range(warmup + repeats)
-  ]
+  check_args(mc, batch_sizes, src_len, out_len, beam_size, repeats, warmup, peer)
+  if peer:
+    export.check_exportable(mc)
+  alpha, seed = float(config.decode.alpha), int(config.seed)
   model = build_model(mc)
   params = jax.jit(model.init)(
-    jax.random.key(seed), batches[0][:1], jnp.zeros((1, out_len), jnp.int32)
+    jax.random.key(seed), jnp.ones((1, src_len), jnp.int32), jnp.zeros((1, out_len), jnp.int32)
   )["params"]
-  n_params = measure.count_params(params)
-
-  fns = {
-    "cached_greedy": lambda p, x: cached_decode(
-      p, x, mc, beam_size=1, alpha=alpha, out_len=out_len
-    ),
-    "cached_beam": lambda p, x: cached_decode(
-      p, x, mc, beam_size=beam_size, alpha=alpha, out_len=out_len
-    ),
-    "uncached_greedy": lambda p, x: uncached_greedy_decode(p, x, mc, out_len=out_len),
-  }
-  compiled, compile_s = {}, {}
-  for mode in MODES:
-    t = time.perf_counter()
-    compiled[mode] = jax.jit(fns[mode]).lower(params, batches[0]).compile()
-    compile_s[mode] = time.perf_counter() - t
-    log(f"{mode}: compiled in {compile_s[mode]:.1f} s")
-
-  times: dict[str, list[float]] = {mode: [] for mode in MODES}
-  outputs: dict[str, list[np.ndarray]] = {mode: [] for mode in MODES}
-  for i, inputs in enumerate(batches):
-    for mode in MODES:  # interleaved: a load change on the machine hits every decoder
-      t = time.perf_counter()
-      tokens = jax.block_until_ready(compiled[mode](params, inputs))
-      elapsed = time.perf_counter() - t
-      outputs[mode].append(np.asarray(tokens))
-      if i >= warmup:
-        times[mode].append(elapsed)
-    if i >= warmup:
-      log(
-        f"run {i - warmup + 1}/{repeats}: "
-        + ", ".join(f"{mode} {times[mode][-1]:.3f} s" for mode in MODES)
-      )
-
-  greedy = np.stack(outputs["cached_greedy"])
-  naive = np.stack(outputs["uncached_greedy"])
   record: dict[str, Any] = {
-    "benchmark": "transformer decoding",
-    "config": str(config.name),
-    "batch_size": batch_size,
-    "src_len": src_len,
-    "out_len": out_len,
-    "beam_size": beam_size,
-    "alpha": alpha,
-    "repeats": repeats,
-    "warmup": warmup,
-    "time_stat": "best",
+    "benchmark": "transformer decoding", "config": str(config.name), "peer": peer,
+    "batch_sizes": list(batch_sizes), "src_len": src_len, "out_len": out_len,
+    "beam_size": beam_size, "alpha": alpha, "repeats": repeats, "warmup": warmup,
+    "time_stat": "best", "params": measure.count_params(params), "d_model": mc.d_model,
+    "layers": mc.num_layers, "heads": mc.num_heads, "d_ff": mc.d_ff, "vocab": mc.vocab_size,
+    "dtype": str(mc.compute_dtype), "hardware": report.hardware(), "results": [], "checks": [],
   }
-  for mode in MODES:
-    best = min(times[mode])
-    record.update(
-      {
-        f"{mode}_s": best,
-        f"{mode}_s_median": statistics.median(times[mode]),
-        f"{mode}_times_s": times[mode],
-        f"{mode}_compile_s": compile_s[mode],
-        f"{mode}_ms_per_step": 1e3 * best / out_len,
-        f"{mode}_sentences_per_s": batch_size / best,
-        f"{mode}_tokens_per_s": batch_size * out_len / best,
-      }
-    )
-  record.update(
-    {
-      "speedup_cached_vs_uncached_greedy": record["uncached_greedy_s"] / record["cached_greedy_s"],
-      "beam_cost_vs_cached_greedy": record["cached_beam_s"] / record["cached_greedy_s"],
-      "same_tokens": bool(np.array_equal(greedy, naive)),
-      "token_agreement": float(np.mean(greedy == naive)),
-      "exact_length": all(exact_length(t) for mode in MODES for t in outputs[mode]),
-      "greedy_tokens_first_row": greedy[0, 0].tolist(),
-      "params": n_params,
-      "kind": mc.kind,
-      "d_model": mc.d_model,
-      "layers": mc.num_layers,
-      "heads": mc.num_heads,
-      "head_dim": mc.head_dim,
-      "d_ff": mc.d_ff,
-      "vocab": mc.vocab_size,
-      "dtype": str(mc.compute_dtype),
-      "attention": mc.attention,
-      "scan_layers": mc.scan_layers,
-      "platform": jax.default_backend(),
-      "device_kind": jax.devices()[0].device_kind,
-      "device_count": jax.device_count(),
-      "cpu": report.cpu_model(),
-      "cpu_count": os.cpu_count(),
-      "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
-      "jax": jax.__version__,
-      "xla_flags": os.environ.get("XLA_FLAGS", ""),
-    }
-  )
+  host_rng = np.random.default_rng(seed)
+  with contextlib.ExitStack() as stack:
+    translators, vocab = {}, []
+    if peer:
+      import tempfile
+
+      import ctranslate2
+
+      tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="ct2-"))
+      vocab = export.synthetic_vocabulary(mc.vocab_size)
+      model_dir = export.export_ctranslate2(params, mc, os.path.join(tmp, "model"),
+                                            vocabulary=vocab)
+      translators = ct2_translators(model_dir, threads or os.cpu_count() or 1)
+      record.update(ctranslate2=ctranslate2.__version__, ct2_threads=threads or os.cpu_count())
+    for b in batch_sizes:
+      batches = [random_sources(host_rng, b, src_len, mc.vocab_size)
+                 for _ in range(warmup + repeats)]
+      results, check = time_decoders(params, mc, batches, translators, vocab, beam_size, alpha,
+                                     out_len, warmup, log)
+      record["results"] += results
+      record["checks"].append(check)
   return record
+
+
+def time_decoders(params: Any, mc: ModelConfig, batches: list[np.ndarray],
+                  translators: dict[str, Any], vocab: list[str], beam_size: int, alpha: float,
+                  out_len: int, warmup: int, log: Callable[[str], None]
+                  ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+  """Every decoder on `batches` (one per round, the first `warmup` untimed): a result row per
+  (decoder, search) and the batch size's checks (exact lengths, ours = uncached greedy)."""
+  b = len(batches[0])
+  decoders, compile_s = {}, {}
+  for search in SEARCHES:
+    k = beam_size if search == "beam" else 1
+    fns = {("ours", search): functools.partial(cached_decode, mc=mc, beam_size=k, alpha=alpha,
+                                                out_len=out_len)}
+    if search == "greedy" and not translators:
+      fns["uncached", search] = functools.partial(uncached_greedy_decode, mc=mc,
+                                                  out_len=out_len)
+    for name, fn in fns.items():
+      compiled, lower_s, xla_s = measure.compile_timed(
+        lambda fn=fn: jax.jit(fn).lower(params, jnp.asarray(batches[0])))
+      compile_s[name] = lower_s + xla_s
+      decoders[name] = lambda i, c=compiled: np.asarray(c(params, jnp.asarray(batches[i])))
+      log(f"batch {b} {name[0]} {search}: compiled in {compile_s[name]:.1f} s")
+    for impl, translator in translators.items():
+      decoders[impl, search] = lambda i, t=translator, k=k: ct2_decode(
+        t, [[vocab[j] for j in row] for row in batches[i]], beam_size=k, alpha=alpha,
+        out_len=out_len)
+  times, outputs = measure.time_interleaved(decoders, len(batches), warmup, log=log)
+  results = []
+  for (impl, search), ts in times.items():
+    best = min(ts)
+    results.append({
+      "batch_size": b, "decoder": impl, "search": search,
+      "beams": beam_size if search == "beam" else 1, "s": best,
+      "s_median": statistics.median(ts), "times_s": ts,
+      "compile_s": compile_s.get((impl, search)), "ms_per_step": 1e3 * best / out_len,
+      "sentences_per_s": b / best, "tokens_per_s": b * out_len / best})
+  exact = all(exact_length(t) if isinstance(t, np.ndarray) else
+              all(len(h) == out_len for h in t) for ts in outputs.values() for t in ts)
+  check = {"batch_size": b, "exact_length": exact}
+  if ("uncached", "greedy") in outputs:
+    greedy, naive = (np.stack(outputs[k, "greedy"]) for k in ("ours", "uncached"))
+    check.update(same_tokens=bool(np.array_equal(greedy, naive)),
+                 token_agreement=float(np.mean(greedy == naive)),
+                 greedy_tokens_first_row=greedy[0, 0].tolist())
+  return results, check
 
 
 def apply_defaults(config: Any, overridden: Callable[[str], bool]) -> list[str]:
@@ -299,190 +278,51 @@ def apply_defaults(config: Any, overridden: Callable[[str], bool]) -> list[str]:
   return changes
 
 
-# ----------------------------------------------------------------------------- CTranslate2
-
-PEERS = ("ctranslate2",)
-# The decoders of the peer benchmark, in the order they run within a timed round.
-PEER_DECODERS = ("ours", "ct2_float32", "ct2_int8")
-SEARCHES = ("greedy", "beam")
-
-
-def ct2_translators(model_dir: str, threads: int) -> dict[str, Any]:
-  """CTranslate2 translators of one exported float32 model: float32 and int8 (quantized at
-  load), each on `threads` threads, one batch at a time."""
-  import ctranslate2
-
-  return {
-    f"ct2_{compute_type}": ctranslate2.Translator(
-      model_dir, device="cpu", compute_type=compute_type, inter_threads=1,
-      intra_threads=threads,
-    )
-    for compute_type in ("float32", "int8")
-  }
-
-
-def ct2_decode(translator: Any, sources: list[list[str]], *, beam_size: int, alpha: float,
-               out_len: int) -> list[list[str]]:
-  """CTranslate2's best hypothesis of each source, exactly `out_len` tokens long.
-
-  The end token is forbidden before `out_len` tokens (`min_decoding_length`) and decoding
-  stops at `out_len` (`max_decoding_length`): out_len decoder steps, as the project's decoders
-  run under `suppress_end`. CTranslate2's length penalty is length ** alpha, not the GNMT
-  form: with every hypothesis of one length it changes no ranking, and costs the same.
-  """
-  results = translator.translate_batch(
-    sources, beam_size=beam_size, length_penalty=alpha if beam_size > 1 else 0.0,
-    min_decoding_length=out_len, max_decoding_length=out_len, max_batch_size=0,
-  )
-  return [r.hypotheses[0] for r in results]
-
-
-def run_peer_benchmark(
-  config: Any,
-  batch_sizes: tuple[int, ...] = (32, 1),
-  src_len: int = 32,
-  out_len: int = 64,
-  beam_size: int = 4,
-  repeats: int = 3,
-  warmup: int = 1,
-  threads: int | None = None,
-  log: Callable[[str], None] | None = None,
-) -> dict[str, Any]:
-  """The project's cached decoders against CTranslate2 float32 and int8 on the same weights.
-
-  Random parameters of `config` are exported with `transformer.export` (a temporary
-  directory); for every batch size, greedy and beam search (`beam_size`, alpha =
-  config.decode.alpha) run on the same random sources, exactly `out_len` tokens each. Every
-  round times ours, CTranslate2 float32 and CTranslate2 int8 one after the other (alternated,
-  so load changes hit all three); `warmup` untimed rounds follow compilation. CTranslate2 runs
-  on `threads` threads (default: all cores, as XLA's CPU runtime uses).
-
-  Returns the JSON record: per batch size and search, tokens/s of each decoder and the
-  ratios ours / CTranslate2. Raises ConfigError for shapes the benchmark cannot run.
-  """
-  import tempfile
-
-  from transformer import export
-  from transformer.validate import model_config
-
-  log = log or (lambda message: None)
-  mc = model_config(config)
-  measure.check_at_least((("--peer_batch_sizes", min(batch_sizes, default=0), 1),))
-  for b in batch_sizes:
-    _check_args(mc, b, src_len, out_len, beam_size, repeats, warmup)
-  export.check_exportable(mc)
-  alpha = float(config.decode.alpha)
-  seed = int(config.seed)
-  threads = threads or os.cpu_count() or 1
-  vocab = export.synthetic_vocabulary(mc.vocab_size)
-
-  host_rng = np.random.default_rng(seed)
-  model = build_model(mc)
-  params = jax.jit(model.init)(
-    jax.random.key(seed), jnp.ones((1, src_len), jnp.int32), jnp.zeros((1, out_len), jnp.int32)
-  )["params"]
-  record: dict[str, Any] = {
-    "benchmark": "transformer decoding vs ctranslate2",
-    "config": str(config.name), "batch_sizes": list(batch_sizes), "src_len": src_len,
-    "out_len": out_len, "beam_size": beam_size, "alpha": alpha, "repeats": repeats,
-    "warmup": warmup, "time_stat": "best", "ct2_threads": threads,
-    "params": measure.count_params(params), "d_model": mc.d_model, "layers": mc.num_layers,
-    "heads": mc.num_heads, "d_ff": mc.d_ff, "vocab": mc.vocab_size,
-    "dtype": str(mc.compute_dtype), "platform": jax.default_backend(),
-    "cpu": report.cpu_model(), "cpu_count": os.cpu_count(), "jax": jax.__version__,
-    "xla_flags": os.environ.get("XLA_FLAGS", ""), "results": [],
-  }
-  with tempfile.TemporaryDirectory(prefix="ct2-") as tmp:
-    model_dir = export.export_ctranslate2(params, mc, os.path.join(tmp, "model"),
-                                          vocabulary=vocab)
-    translators = ct2_translators(model_dir, threads)
-    import ctranslate2
-
-    record["ctranslate2"] = ctranslate2.__version__
-    for b in batch_sizes:
-      batches = [random_sources(host_rng, b, src_len, mc.vocab_size)
-                 for _ in range(warmup + repeats)]
-      tokens = [[[vocab[i] for i in row] for row in batch] for batch in batches]
-      ours = {}
-      for search in SEARCHES:
-        k = beam_size if search == "beam" else 1
-        fn = functools.partial(cached_decode, mc=mc, beam_size=k, alpha=alpha, out_len=out_len)
-        t = time.perf_counter()
-        ours[search] = jax.jit(fn).lower(params, jnp.asarray(batches[0])).compile()
-        log(f"batch {b} {search}: compiled in {time.perf_counter() - t:.1f} s")
-      times = {(s, d): [] for s in SEARCHES for d in PEER_DECODERS}
-      exact = True
-      for i in range(warmup + repeats):
-        inputs = jnp.asarray(batches[i])
-        for search in SEARCHES:
-          k = beam_size if search == "beam" else 1
-          for decoder in PEER_DECODERS:
-            t = time.perf_counter()
-            if decoder == "ours":
-              out = np.asarray(jax.block_until_ready(ours[search](params, inputs)))
-              exact &= exact_length(out)
-            else:
-              hyps = ct2_decode(translators[decoder], tokens[i], beam_size=k, alpha=alpha,
-                                out_len=out_len)
-              exact &= all(len(h) == out_len for h in hyps)
-            elapsed = time.perf_counter() - t
-            if i >= warmup:
-              times[search, decoder].append(elapsed)
-        if i >= warmup:
-          log(f"batch {b} round {i - warmup + 1}/{repeats}: " + ", ".join(
-            f"{s} {d} {times[s, d][-1]:.3f} s" for s in SEARCHES for d in PEER_DECODERS))
-      for search in SEARCHES:
-        row: dict[str, Any] = {"batch_size": b, "search": search,
-                               "beams": beam_size if search == "beam" else 1}
-        for decoder in PEER_DECODERS:
-          best = min(times[search, decoder])
-          row[f"{decoder}_s"] = best
-          row[f"{decoder}_s_median"] = statistics.median(times[search, decoder])
-          row[f"{decoder}_tokens_per_s"] = b * out_len / best
-        for peer in PEER_DECODERS[1:]:
-          row[f"ours_vs_{peer}"] = row["ours_tokens_per_s"] / row[f"{peer}_tokens_per_s"]
-        record["results"].append(row)
-      record[f"exact_length_batch_{b}"] = bool(exact)
-  record["load_avg_1m"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-  return record
-
-
-def peer_table(record: dict[str, Any]) -> str:
-  """The markdown table of a `run_peer_benchmark` record: tokens/s and ratios per row."""
+def results_table(record: dict[str, Any]) -> str:
+  """Markdown: a row per batch size and search, tokens/s of every decoder, ours / each other."""
+  by = {(r["batch_size"], r["search"], r["decoder"]): r for r in record["results"]}
+  impls = list(dict.fromkeys(r["decoder"] for r in record["results"]))
+  others = impls[1:]
   rows = []
-  for r in record["results"]:
-    rows.append([
-      r["batch_size"], r["search"] + (f" {r['beams']}" if r["search"] == "beam" else ""),
-      report.fmt(r["ours_tokens_per_s"], 1), report.fmt(r["ct2_float32_tokens_per_s"], 1),
-      report.fmt(r["ct2_int8_tokens_per_s"], 1), f"{r['ours_vs_ct2_float32']:.2f}x",
-      f"{r['ours_vs_ct2_int8']:.2f}x",
-    ])
+  for b, search in dict.fromkeys((r["batch_size"], r["search"]) for r in record["results"]):
+    ours = by[b, search, "ours"]
+    cells = [by.get((b, search, i)) for i in impls]
+    rows.append([b, search + (f" {ours['beams']}" if search == "beam" else ""),
+                 *(report.fmt(c and c["tokens_per_s"], 1) for c in cells),
+                 f"{ours['ms_per_step']:.2f}",
+                 *(report.fmt(c and f"{ours['tokens_per_s'] / c['tokens_per_s']:.2f}x")
+                   for c in cells[1:])])
+  label = {"ours": "ours", "uncached": "uncached", "ct2_float32": "ct2 fp32",
+           "ct2_int8": "ct2 int8"}
   return report.markdown_table(
-    ["batch", "search", "ours tok/s", "ct2 fp32 tok/s", "ct2 int8 tok/s", "ours / ct2 fp32",
-     "ours / ct2 int8"], rows, align="rlrrrrr")
+    ["batch", "search", *(f"{label[i]} tok/s" for i in impls), "ours ms/step",
+     *(f"ours / {label[i]}" for i in others)], rows, align="rl" + "r" * (len(impls) * 2))
 
 
-def write_peer_report(path: str, record: dict[str, Any], command: str) -> str:
-  """experiments/results/decode_vs_ctranslate2.md from a `run_peer_benchmark` record."""
+def write_report(path: str, record: dict[str, Any], command: str) -> str:
+  """The markdown report of a `run_benchmark` record."""
+  peer = record["peer"]
+  r = record
+  compared = (f"CTranslate2 {r['ctranslate2']} (float32, and int8 with weights quantized at "
+              f"load, on {r['ct2_threads']} thread(s)) on the same weights, exported with "
+              "`transformer.export`" if peer else
+              "the uncached greedy decoder, which re-runs the whole decoder at every step")
   intro = (
-    "Produced by `experiments/decode_benchmark.py --peer=ctranslate2` (method in "
-    "`experiments/decoding.py`, `run_peer_benchmark`). Random parameters of the config "
-    f"(`{record['config']}`: {record['layers']} + {record['layers']} layers, d_model "
-    f"{record['d_model']}, d_ff {record['d_ff']}, {record['heads']} heads, vocabulary "
-    f"{record['vocab']}, {record['params']:,} parameters) are exported to CTranslate2 "
-    f"{record.get('ctranslate2', '')} with `transformer.export`; both libraries decode the "
-    f"same random sources of {record['src_len']} tokens into exactly {record['out_len']} "
-    "tokens per sentence (EOS suppressed until the last step on both sides), so every decoder "
-    f"runs {record['out_len']} steps. Beam search: {record['beam_size']} beams, alpha "
-    f"{record['alpha']} (GNMT penalty here, length ** alpha in CTranslate2: the same cost). "
-    f"Ours computes in {record['dtype']} under XLA's CPU runtime; CTranslate2 runs float32 and "
-    f"int8 (weights quantized at load) on {record['ct2_threads']} thread(s). Times are the "
-    f"best of {record['repeats']} rounds (after {record['warmup']} warm-up round), each round "
-    "running ours, CTranslate2 float32 and CTranslate2 int8 one after the other; tokens/s = "
-    "batch * out_len / time, encoder included. Ratios above 1 mean the project is faster."
-  )
-  exact = all(v for k, v in record.items() if k.startswith("exact_length_batch_"))
-  body = ["## Results\n", peer_table(record),
-          f"\nEvery output was exactly {record['out_len']} tokens: {exact}.\n"]
-  return report.write_markdown(path, "Decoding speed against CTranslate2, same weights", intro,
-                               command, body)
+    "Produced by `experiments/decode_benchmark.py` (method in `experiments/decoding.py`). "
+    f"Random parameters of `{r['config']}` ({r['layers']} + {r['layers']} layers, d_model "
+    f"{r['d_model']}, d_ff {r['d_ff']}, {r['heads']} heads, vocabulary {r['vocab']}, "
+    f"{r['params']:,} parameters, {r['dtype']}); our KV-cached greedy and beam search "
+    f"({r['beam_size']} beams, alpha {r['alpha']}) against {compared}. Every decoder turns "
+    f"random sources of {r['src_len']} tokens into exactly {r['out_len']} tokens (EOS "
+    "suppressed until the last step), so all run the same number of steps. Best of "
+    f"{r['repeats']} rounds after {r['warmup']} warm-up round(s), every round running all "
+    "decoders one after the other; tokens/s = batch * out_len / time, encoder included. "
+    "Ratios above 1 mean ours is faster.")
+  checks = [f"batch {c['batch_size']}: every output exactly {r['out_len']} tokens: "
+            f"{c['exact_length']}" + (f"; ours and uncached greedy gave the same tokens: "
+                                      f"{c['same_tokens']}" if "same_tokens" in c else "")
+            for c in r["checks"]]
+  body = ["## Results\n", results_table(r), "\n" + ".\n".join(checks) + ".\n"]
+  title = ("Decoding speed against CTranslate2, same weights" if peer else
+           "Decoding speed: KV-cached against uncached decoding")
+  return report.write_markdown(path, title, intro, command, body)

@@ -22,11 +22,8 @@ so that the whole path is tested on a CPU (tests/test_gpu_check.py).
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
-import time
 from typing import Any
 
 from absl import app, flags
@@ -61,17 +58,12 @@ SMOKE = {"config": ["--config=configs/wmt.py:tiny", "--config.model.vocab_size=6
 
 def run_json(module: str, args: list[str], timeout: float) -> dict[str, Any]:
   """The last JSON line printed by `python -m module args`, or {'error': why}."""
-  t0 = time.time()
+  from experiments import measure
+
   try:
-    proc = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True,
-                          timeout=timeout)
-  except subprocess.TimeoutExpired:
-    return {"error": f"over the {timeout:.0f} s limit"}
-  lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-  if proc.returncode or not lines:
-    tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-    return {"error": f"exit {proc.returncode}: {tail[:300]}"}
-  return {**json.loads(lines[-1]), "wall_s": time.time() - t0}
+    return measure.run_json([sys.executable, "-m", module, *args], timeout)
+  except RuntimeError as e:
+    return {"error": str(e)}
 
 
 def peak_of(device_kind: str) -> float | None:
@@ -95,18 +87,19 @@ def main(argv: list[str]) -> None:
       done = r.get("error") or f"{r['tokens_per_s']:.0f} tokens/s"
       print(f"[gpu_check] train {attention} {rows}: {done}", flush=True)
   decode = run_json("experiments.decode_benchmark",
-                    [*shapes["config"], *shapes["decode"]], _TIMEOUT.value)
+                    [*shapes["config"], *shapes["decode"], "--report="],
+                    _TIMEOUT.value)
   print(f"[gpu_check] decode: {decode.get('error') or 'done'}", flush=True)
   path = write_report(os.path.join(_OUT.value, "gpu.md"), command, train, decode)
-  with open(os.path.splitext(path)[0] + ".json", "w") as f:
-    json.dump({"command": command, "train": train, "decode": decode}, f, indent=1)
+  report.write_json(os.path.splitext(path)[0] + ".json",
+                    {"command": command, "train": train, "decode": decode})
   print(f"wrote {path}", flush=True)
 
 
 def write_report(path: str, command: str, train: list[dict[str, Any]],
                  decode: dict[str, Any]) -> str:
   """gpu.md; called after the children ran (this process touches the GPU only now)."""
-  from experiments import report
+  from experiments import decoding, report
 
   kind = next((r["device_kind"] for r in train if "device_kind" in r), "unknown device")
   peak = peak_of(kind)
@@ -133,17 +126,10 @@ def write_report(path: str, command: str, train: list[dict[str, Any]],
   if "error" in decode:
     body.append(f"Not measured: {decode['error']}.\n")
   else:
-    body += [f"Batch {decode['batch_size']}, {decode['src_len']} source tokens, exactly "
+    body += [f"Batch {decode['batch_sizes'][0]}, {decode['src_len']} source tokens, exactly "
              f"{decode['out_len']} output tokens, {decode['dtype']}, random weights "
-             f"(`experiments.decode_benchmark`, best of {decode['repeats']}); same tokens "
-             f"cached and uncached: {decode['same_tokens']}.\n",
-             report.markdown_table(
-               ["decoder", "output tokens/s", "ms per step", "compile (s)"],
-               [[name.replace("_", " "), f"{decode[f'{key}_tokens_per_s']:,.0f}",
-                 f"{decode[f'{key}_ms_per_step']:.2f}", f"{decode[f'{key}_compile_s']:.1f}"]
-                for key, name in (("cached_beam", f"beam {decode['beam_size']} (KV cache)"),
-                                  ("cached_greedy", "greedy (KV cache)"),
-                                  ("uncached_greedy", "greedy without cache"))])]
+             f"(`experiments.decode_benchmark`, best of {decode['repeats']}).\n",
+             decoding.results_table(decode)]
   return report.write_markdown(
     path, f"GPU check: {kind}",
     "Made by `experiments/gpu_check.py` (method in its docstring). Peak: "

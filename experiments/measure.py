@@ -214,6 +214,30 @@ def compile_timed(lower: Callable[[], Any]) -> tuple[Any, float, float]:
   return compiled, t1 - t0, time.perf_counter() - t1
 
 
+def time_interleaved(fns: dict[Any, Callable[[int], Any]], rounds: int, warmup: int = 0,
+                     log: Callable[[str], None] | None = None
+                     ) -> tuple[dict[Any, list[float]], dict[Any, list[Any]]]:
+  """Round i calls every `fns[k](i)` one after the other, so that a change in the load of a
+  shared machine falls on all alike; each call must return its result ready (on the host).
+
+  Returns the seconds of each k's calls in the rounds after the first `warmup`, and every
+  round's results.
+  """
+  times: dict[Any, list[float]] = {k: [] for k in fns}
+  outputs: dict[Any, list[Any]] = {k: [] for k in fns}
+  for i in range(rounds):
+    for k, fn in fns.items():
+      t = time.perf_counter()
+      outputs[k].append(fn(i))
+      if i >= warmup:
+        times[k].append(time.perf_counter() - t)
+    if i >= warmup and log is not None:
+      log(f"round {i - warmup + 1}/{rounds - warmup}: " + ", ".join(
+        f"{' '.join(map(str, k)) if isinstance(k, tuple) else k} {v[-1]:.3f} s"
+        for k, v in times.items()))
+  return times, outputs
+
+
 def time_steps(step: Callable[..., tuple[Any, Any]], state: Any, batches: Sequence[Any],
                rng: Any) -> tuple[Any, Any, list[float], list[float]]:
   """Runs `state, metrics = step(state, batch, rng)` over `batches`, one after the other.
@@ -234,6 +258,63 @@ def time_steps(step: Callable[..., tuple[Any, Any]], state: Any, batches: Sequen
     times.append(time.perf_counter() - t)
     cpu_times.append(time.process_time() - c)
   return state, metrics, times, cpu_times
+
+
+def run_json(cmd: Sequence[str], timeout: float | None = None,
+             env: dict[str, str] | None = None) -> dict[str, Any]:
+  """The last JSON line a measuring child prints, with `wall_s` and the load at its start.
+
+  Raises RuntimeError naming the command and its last lines when it fails, prints no JSON
+  line or runs past `timeout` seconds.
+  """
+  import json
+  import os
+  import subprocess
+
+  load, t0 = os.getloadavg()[0], time.time()
+  try:
+    proc = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+  except subprocess.TimeoutExpired as e:
+    raise RuntimeError(f"over the {timeout:.0f} s limit: {' '.join(cmd)}") from e
+  lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+  if proc.returncode or not lines:
+    tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+    raise RuntimeError(f"exit {proc.returncode}: {tail[:300]} ({' '.join(cmd)})")
+  return {**json.loads(lines[-1]), "wall_s": time.time() - t0, "load_at_start": load}
+
+
+class PeakRSS:
+  """Samples this process's resident memory in a thread; `take()` returns the peak since the
+  last `take()` (in bytes)."""
+
+  def __init__(self, interval: float = 0.05):
+    import threading
+
+    import psutil
+
+    self._proc = psutil.Process()
+    self._peak = self._proc.memory_info().rss
+    self._lock = threading.Lock()
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._run, args=(interval,), daemon=True)
+    self._thread.start()
+
+  def _run(self, interval: float) -> None:
+    while not self._stop.wait(interval):
+      rss = self._proc.memory_info().rss
+      with self._lock:
+        self._peak = max(self._peak, rss)
+
+  def take(self) -> int:
+    rss = self._proc.memory_info().rss
+    with self._lock:
+      peak, self._peak = max(self._peak, rss), rss
+    return peak
+
+  def close(self) -> None:
+    self._stop.set()
+    self._thread.join()
 
 
 # ----------------------------------------------------------------------------- HLO loops

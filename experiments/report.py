@@ -162,6 +162,26 @@ def write_markdown(path: str, title: str, intro: str, commands: str | dict[str, 
   return path
 
 
+def write_json(path: str, data: Any) -> str:
+  """Writes `data` as indented JSON to `path` (making its directory); returns the path."""
+  import json
+
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  with open(path, "w") as f:
+    json.dump(data, f, indent=1)
+  return path
+
+
+def read_json(path: str) -> dict[str, Any]:
+  """The JSON object in `path`, or {} when there is no such file (a report's last records)."""
+  import json
+
+  if not os.path.exists(path):
+    return {}
+  with open(path) as f:
+    return json.load(f)
+
+
 def grid(records: Sequence[dict[str, Any]], rows: str, cols: str,
          cell: Any) -> tuple[list[Any], list[Any], list[list[Any]]]:
   """Records pivoted: (row values, column values, cells); `cell(record)` or '-' if none."""

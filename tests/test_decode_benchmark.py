@@ -23,63 +23,45 @@ def _last_json(stdout: str) -> dict:
   return json.loads(lines[-1])
 
 
-def test_benchmark_main_tiny():
-  """The command line on configs/numbers.py:tiny, one device, one timed run per decoder."""
+def _results(r: dict) -> dict:
+  return {(x["batch_size"], x["decoder"], x["search"]): x for x in r["results"]}
+
+
+def test_benchmark_main_tiny(tmp_path):
+  """The command line on configs/numbers.py:tiny, one device, one timed round."""
   # Untied output weights: a random model with tied embeddings tends to repeat one token,
   # which would make the token-for-token comparison of the two greedy decoders weak.
-  cmd = [
-    sys.executable,
-    "-m",
-    "experiments.decode_benchmark",
-    "--config=configs/numbers.py:tiny",
-    "--config.model.share_embeddings=False",
-    f"--batch_size={B}",
-    f"--src_len={S}",
-    f"--out_len={T}",
-    f"--beam_size={K}",
-    "--repeats=1",
-  ]
+  path = tmp_path / "decode.md"
+  cmd = [sys.executable, "-m", "experiments.decode_benchmark", "--config=configs/numbers.py:tiny",
+         "--config.model.share_embeddings=False", f"--batch_size={B}", f"--src_len={S}",
+         f"--out_len={T}", f"--beam_size={K}", "--repeats=1", f"--report={path}"]
   env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
   proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
   assert proc.returncode == 0, proc.stderr[-3000:]
   r = _last_json(proc.stdout)
 
-  for mode in decoding.MODES:
-    for suffix in ("s", "s_median", "compile_s", "ms_per_step", "sentences_per_s", "tokens_per_s"):
-      assert r[f"{mode}_{suffix}"] > 0, f"{mode}_{suffix}"
-    assert len(r[f"{mode}_times_s"]) == 1
-    assert r[f"{mode}_tokens_per_s"] == pytest.approx(T * r[f"{mode}_sentences_per_s"])
-  for key in (
-    "speedup_cached_vs_uncached_greedy",
-    "beam_cost_vs_cached_greedy",
-    "params",
-    "device_count",
-    "cpu_count",
-  ):
-    assert r[key] > 0, key
-  assert r["speedup_cached_vs_uncached_greedy"] == pytest.approx(
-    r["uncached_greedy_s"] / r["cached_greedy_s"]
-  )
-  assert r["same_tokens"] is True and r["token_agreement"] == 1.0
-  assert r["exact_length"] is True  # out_len tokens each: no early EOS, EOS last
-  first = r["greedy_tokens_first_row"]
+  results = _results(r)
+  assert list(results) == [(B, "ours", "greedy"), (B, "uncached", "greedy"), (B, "ours", "beam")]
+  for x in results.values():
+    for key in ("s", "s_median", "compile_s", "ms_per_step", "sentences_per_s", "tokens_per_s"):
+      assert x[key] > 0, key
+    assert len(x["times_s"]) == 1
+    assert x["tokens_per_s"] == pytest.approx(T * x["sentences_per_s"])
+  assert results[B, "ours", "beam"]["beams"] == K
+  [check] = r["checks"]
+  assert check["same_tokens"] is True and check["token_agreement"] == 1.0
+  assert check["exact_length"] is True  # out_len tokens each: no early EOS, EOS last
+  first = check["greedy_tokens_first_row"]
   assert len(first) == T and first[-1] == 1 and len(set(first[:-1])) > 1
-  expected = {
-    "config": "numbers-tiny",
-    "batch_size": B,
-    "src_len": S,
-    "out_len": T,
-    "beam_size": K,
-    "repeats": 1,
-    "d_model": 32,
-    "layers": 1,
-    "vocab": 256,
-    "dtype": "float32",
-    "platform": "cpu",
-    "device_count": 1,
-  }
+  expected = {"config": "numbers-tiny", "batch_sizes": [B], "src_len": S, "out_len": T,
+              "beam_size": K, "repeats": 1, "d_model": 32, "layers": 1, "vocab": 256,
+              "dtype": "float32", "peer": None}
   assert {k: r[k] for k in expected} == expected
-  assert isinstance(r["cpu"], str) and r["cpu"]
+  assert r["params"] > 0 and r["hardware"]["backend"] == "cpu"
+  ratio = results[B, "ours", "greedy"]["tokens_per_s"] / results[B, "uncached",
+                                                                  "greedy"]["tokens_per_s"]
+  text = path.read_text()
+  assert f"| {B} | greedy |" in text and f"{ratio:.2f}x" in text and "same tokens: True" in text
 
 
 @pytest.mark.parametrize(
@@ -88,7 +70,7 @@ def test_benchmark_main_tiny():
     ({"beam_size": 1}, "--beam_size"),
     ({"out_len": 500}, "--out_len"),
     ({"repeats": 0}, "--repeats"),
-    ({"batch_size": 0}, "--batch_size"),
+    ({"batch_sizes": (0,)}, "--batch_size"),
   ],
 )
 def test_bad_arguments_are_config_errors(kwargs, field):
@@ -125,16 +107,15 @@ def test_peer_ctranslate2_tiny(tmp_path):
   proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
   assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
   r = _last_json(proc.stdout)
-  assert r["exact_length_batch_3"] and r["exact_length_batch_1"]
-  assert [(x["batch_size"], x["search"]) for x in r["results"]] == [
-    (3, "greedy"), (3, "beam"), (1, "greedy"), (1, "beam")]
-  for x in r["results"]:
-    for decoder in decoding.PEER_DECODERS:
-      assert x[f"{decoder}_tokens_per_s"] > 0
-    assert x["ours_vs_ct2_float32"] == pytest.approx(
-      x["ours_tokens_per_s"] / x["ct2_float32_tokens_per_s"])
+  assert [c["exact_length"] for c in r["checks"]] == [True, True]
+  results = _results(r)
+  assert list(results) == [(b, d, s) for b in (3, 1) for s in ("greedy", "beam")
+                           for d in ("ours", "ct2_float32", "ct2_int8")]
+  assert all(x["tokens_per_s"] > 0 for x in results.values())
   text = path.read_text()
   assert "--peer=ctranslate2" in text and "| 3 | beam 2 |" in text
+  ours, ct2 = results[1, "ours", "beam"], results[1, "ct2_float32", "beam"]
+  assert f"| {ours['tokens_per_s'] / ct2['tokens_per_s']:.2f}x |" in text
 
 
 def test_peer_bad_batch_sizes_is_one_line():
