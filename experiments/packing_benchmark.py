@@ -27,7 +27,6 @@ pieces some 14 GiB). Writes `--out`.md and .json.
 from __future__ import annotations
 
 import copy
-import json
 import os
 import time
 from typing import Any
@@ -35,7 +34,7 @@ from typing import Any
 from absl import app, flags
 from ml_collections import config_flags
 
-from experiments import report
+from experiments import measure, report
 from transformer.errors import fail, parse_flags
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/numbers.py.",
@@ -95,8 +94,6 @@ class _Stepper:
     self.real = [int(np.count_nonzero(b["inputs"])) + int(np.count_nonzero(b["targets"]))
                  for b in host]
     self.device = [sharding_lib.local_batch_to_global(b, mesh) for b in host]
-    self.seconds = 0.0
-    self.tokens = 0
 
   def compile(self) -> tuple[int, float]:
     """One untimed step per shape (compiles it; the state moves on a few steps)."""
@@ -112,15 +109,12 @@ class _Stepper:
     return len(shapes), time.time() - t0
 
   def run(self, lo: int, hi: int) -> None:
-    """Times steps lo..hi-1."""
+    """Runs steps lo..hi-1 and waits for them."""
     import jax
 
-    t0 = time.time()
     for b in self.device[lo:hi]:
       self.state, metrics = self.trainer.train_step(self.state, b, self.rng)
     jax.block_until_ready(metrics)
-    self.seconds += time.time() - t0
-    self.tokens += sum(self.real[lo:hi])
 
 
 def time_training(configs: dict[str, Any], batches: dict[str, Any], steps: int,
@@ -133,17 +127,17 @@ def time_training(configs: dict[str, Any], batches: dict[str, Any], steps: int,
   steppers = {k: _Stepper(configs[k], batches[k], steps) for k in configs}
   compiled = {k: s.compile() for k, s in steppers.items()}
   cuts = [steps * r // rounds for r in range(rounds + 1)]
-  for lo, hi in zip(cuts[:-1], cuts[1:], strict=True):
-    for s in steppers.values():
-      s.run(lo, hi)
+  times, _ = measure.time_interleaved(
+    {k: lambda i, s=s: s.run(cuts[i], cuts[i + 1]) for k, s in steppers.items()}, rounds)
   return {k: {"timed_steps": steps, "timed_tokens_per_batch": configs[k].data.tokens_per_batch,
-              "compiled_shapes": compiled[k][0],
-              "compile_seconds": compiled[k][1], "step_seconds": s.seconds / steps,
-              "real_tokens_per_second": s.tokens / s.seconds} for k, s in steppers.items()}
+              "compiled_shapes": compiled[k][0], "compile_seconds": compiled[k][1],
+              "step_seconds": sum(times[k]) / steps,
+              "real_tokens_per_second": sum(s.real) / sum(times[k])}
+          for k, s in steppers.items()}
 
 
-def measure(config: Any, workdir: str, batches: int, timed_steps: int,
-            timed_tokens_per_batch: int = 0) -> dict[str, Any]:
+def compare_layouts(config: Any, workdir: str, batches: int, timed_steps: int,
+                    timed_tokens_per_batch: int = 0) -> dict[str, Any]:
   """Both layouts of `config`'s corpus; see the module doc. The timed steps use batches of
   `timed_tokens_per_batch` tokens per side if it is not 0."""
   from transformer.data import input_pipeline, token_cache
@@ -176,7 +170,7 @@ def measure(config: Any, workdir: str, batches: int, timed_steps: int,
 
 
 def write_report(path: str, config: Any, result: dict[str, Any], command: str,
-                 hw: dict[str, Any], batches: int) -> None:
+                 batches: int) -> None:
   b, p = result["bucketed"], result["packed"]
   timed = "real_tokens_per_second" in b
   m = config.model
@@ -203,34 +197,26 @@ def write_report(path: str, config: Any, result: dict[str, Any], command: str,
        f"**{p['real_tokens_per_second']:,.0f}**"],
       ["compile (s, all shapes)", f"{b['compile_seconds']:.1f}", f"{p['compile_seconds']:.1f}"],
     ]
-  text = [
-    "# Packed against bucketed training batches\n",
-    f"Command: `{command}`\n",
-    report.hardware_markdown(hw),
-    f"Dataset `{config.dataset}`, {config.data.tokens_per_batch} tokens per batch and side, "
-    f"buckets {list(config.data.bucket_lengths)}; packed rows of "
-    f"{config.data.packed_source_len} source and {config.data.packed_target_len} target "
-    f"positions. Model for the step: {m.num_layers} + {m.num_layers} layers, d_model "
-    f"{m.d_model}, d_ff {m.d_ff}, {m.num_heads} heads, vocabulary {m.vocab_size}, attention "
-    f"`{m.attention}`.\n",
-    report.markdown_table(["", "bucketed", "packed"], rows),
-    "",
-    "- Real tokens: non-padding source and target tokens over all positions of the batches "
-    f"of steps 0 to {batches - 1} (both sides).",
-  ]
+  notes = ["- Real tokens: non-padding source and target tokens over all positions of the "
+           f"batches of steps 0 to {batches - 1} (both sides)."]
   if timed:
-    text.append(
+    notes.append(
       f"- Real tokens per second: non-padding source + target tokens of steps 0 to "
       f"{b['timed_steps'] - 1} (batches of {b['timed_tokens_per_batch']} tokens per side) "
-      "over the wall time of those training steps (batches built "
-      "beforehand, every shape compiled before, the layouts taking turns in 4 slices); "
-      "packed / bucketed = "
-      f"**{p['real_tokens_per_second'] / b['real_tokens_per_second']:.2f}x**.")
-  text.append("")
-  with open(path + ".md", "w") as f:
-    f.write("\n".join(text))
-  with open(path + ".json", "w") as f:
-    json.dump({"command": command, "hardware": hw, "result": result}, f, indent=1)
+      "over the wall time of those training steps (batches built beforehand, every shape "
+      "compiled before, the layouts taking turns in 4 slices); packed / bucketed = "
+      f"**{p['real_tokens_per_second'] / b['real_tokens_per_second']:.2f}x**.\n")
+  report.write_markdown(
+    path + ".md", "Packed against bucketed training batches",
+    f"Made by `experiments/packing_benchmark.py` (method in its docstring). Dataset "
+    f"`{config.dataset}`, {config.data.tokens_per_batch} tokens per batch and side, buckets "
+    f"{list(config.data.bucket_lengths)}; packed rows of {config.data.packed_source_len} "
+    f"source and {config.data.packed_target_len} target positions. Model for the step: "
+    f"{m.num_layers} + {m.num_layers} layers, d_model {m.d_model}, d_ff {m.d_ff}, "
+    f"{m.num_heads} heads, vocabulary {m.vocab_size}, attention `{m.attention}`.", command,
+    ["## Results\n", report.markdown_table(["", "bucketed", "packed"], rows), *notes])
+  report.write_json(path + ".json", {"command": command, "hardware": report.hardware(),
+                                     "result": result})
 
 
 def main(argv: list[str]) -> None:
@@ -240,8 +226,9 @@ def main(argv: list[str]) -> None:
     fail("--config and --workdir are required, e.g. --config=configs/numbers.py "
          "--workdir=/tmp/pack_num")
   out = _OUT.value or os.path.join("experiments", "results", f"packing_{config.name}")
-  result = measure(config, _WORKDIR.value, _BATCHES.value, _TIMED.value, _TIMED_TOKENS.value)
-  write_report(out, config, result, report.command_line(), report.hardware(), _BATCHES.value)
+  result = compare_layouts(config, _WORKDIR.value, _BATCHES.value, _TIMED.value,
+                           _TIMED_TOKENS.value)
+  write_report(out, config, result, report.command_line(), _BATCHES.value)
   print(f"wrote {out}.md", flush=True)
 
 

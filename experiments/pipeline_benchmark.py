@@ -25,9 +25,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
-import threading
 import time
 from typing import Any
 
@@ -44,7 +42,7 @@ _TINY = flags.DEFINE_bool("tiny_model", True, "Replace the model by 1 + 1 layers
 _BATCHES = flags.DEFINE_integer("batches", 1000, "Batches timed for the host's batch rate.")
 _OUT = flags.DEFINE_string("out", os.path.join("experiments", "results", "pipeline"),
                            "Report path without extension (.md and .json).")
-_CHILD = flags.DEFINE_string("child", None, "Internal: run one start, write its JSON here.")
+_CHILD = flags.DEFINE_bool("child", False, "Internal: run one start, print its JSON line.")
 
 # Peak dense bfloat16 throughput, for the rate an accelerator consumes: Colab's TPU v2-8
 # (8 cores x 22.5 TFLOP/s, Google Cloud TPU v2 documentation) and an H100 SXM (989 TFLOP/s
@@ -52,37 +50,6 @@ _CHILD = flags.DEFINE_string("child", None, "Internal: run one start, write its 
 ACCELERATORS = {"TPU v2-8 (Colab)": 180e12, "H100 SXM": 989e12}
 MFU = 0.4
 DATA_STAGES = ("open", "vocabulary", "token cache", "batch plan")
-
-
-class PeakRSS:
-  """Samples this process's resident memory in a thread; `take()` returns the peak since the
-  last `take()` (in bytes)."""
-
-  def __init__(self, interval: float = 0.05):
-    import psutil
-
-    self._proc = psutil.Process()
-    self._peak = self._proc.memory_info().rss
-    self._lock = threading.Lock()
-    self._stop = threading.Event()
-    self._thread = threading.Thread(target=self._run, args=(interval,), daemon=True)
-    self._thread.start()
-
-  def _run(self, interval: float) -> None:
-    while not self._stop.wait(interval):
-      rss = self._proc.memory_info().rss
-      with self._lock:
-        self._peak = max(self._peak, rss)
-
-  def take(self) -> int:
-    rss = self._proc.memory_info().rss
-    with self._lock:
-      peak, self._peak = max(self._peak, rss), rss
-    return peak
-
-  def close(self) -> None:
-    self._stop.set()
-    self._thread.join()
 
 
 def one_start(config: Any, workdir: str, batches: int) -> dict[str, Any]:
@@ -97,7 +64,7 @@ def one_start(config: Any, workdir: str, batches: int) -> dict[str, Any]:
   from transformer.train import Trainer
   from transformer.validate import validate
 
-  rss = PeakRSS()
+  rss = measure.PeakRSS()
   stages: list[dict[str, Any]] = []
   t = time.time()
 
@@ -170,30 +137,19 @@ def accelerator_batches_per_second(config: Any) -> dict[str, float]:
   return {name: peak * MFU / flops for name, peak in ACCELERATORS.items()}
 
 
-def _child(config: Any) -> None:
-  if _TINY.value:
-    config.model.update(num_layers=1, d_model=32, d_ff=64, num_heads=4)
-  result = one_start(config, _WORKDIR.value, _BATCHES.value)
-  with open(_CHILD.value, "w") as f:
-    json.dump(result, f)
-
-
 def _run_start(label: str, argv: list[str], timeout: float) -> dict[str, Any]:
-  path = os.path.join(_WORKDIR.value + "-reports", f"{label}.json")
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  cmd = [sys.executable, "-m", "experiments.pipeline_benchmark", *argv, f"--child={path}"]
-  t0 = time.time()
-  proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-  if proc.returncode != 0:
-    fail(f"the {label} failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}")
-  with open(path) as f:
-    result = json.load(f)
-  result["process_seconds"] = time.time() - t0
+  """One start in a fresh process (`--child`), which prints its result as a JSON line."""
+  cmd = [sys.executable, "-m", "experiments.pipeline_benchmark", *argv, "--child"]
+  try:
+    result = measure.run_json(cmd, timeout)
+  except RuntimeError as e:
+    fail(f"the {label}: {e}")
+  result["process_seconds"] = result.pop("wall_s")
   return result
 
 
 def write_report(config: Any, runs: dict[str, dict[str, Any]], need: dict[str, float],
-                 command: str, hw: dict[str, Any]) -> None:
+                 command: str) -> None:
   gib = 2.0**30
   rows = []
   for label, run in runs.items():
@@ -204,38 +160,32 @@ def write_report(config: Any, runs: dict[str, dict[str, Any]], need: dict[str, f
                  f"**{run['to_first_step_seconds']:.1f}**", f"**{data / gib:.2f}**"])
     rows.append([label, "whole process (with imports)", f"{run['process_seconds']:.1f}", ""])
   restart = runs["restart"]
-  text = [
-    "# The data path at full size: first start and restart\n",
-    f"Command: `{command}`\n",
-    report.hardware_markdown(hw),
-    f"Dataset `{config.dataset}` ({restart['train_examples']:,} training pairs, "
+  report.write_markdown(
+    _OUT.value + ".md", "The data path at full size: first start and restart",
+    f"Made by `experiments/pipeline_benchmark.py` (method in its docstring). Dataset "
+    f"`{config.dataset}` ({restart['train_examples']:,} training pairs, "
     f"{restart['kept_examples']:,} within the length limits), vocabulary "
     f"{config.data.vocab_size}, {config.data.tokens_per_batch} tokens per batch and side, "
     f"buckets {list(config.data.bucket_lengths)}; model "
-    f"{'tiny (1 + 1 layers, d_model 32)' if _TINY.value else 'as configured'}.\n",
-    report.markdown_table(["start", "stage", "seconds", "peak RSS (GiB)"], rows),
-    "",
-    f"- Peak RSS of the data path is the largest of the stages open ... batch plan. The first "
-    f"step adds the step's own buffers: XLA accounts {restart['step_xla_bytes'] / gib:.2f} GiB "
-    f"for a batch of shape {restart['first_batch_shape']} (the logits and their gradient over "
-    f"the {config.data.vocab_size:,}-piece vocabulary dominate); on a CPU they are host "
-    "memory, on a GPU or TPU they are device memory.",
-    f"- Host batch rate (the training loop's prefetch thread: gather from the memory-mapped "
-    f"cache, pad, transfer): **{restart['batches_per_second']:.1f} batches/s** "
-    f"({restart['mean_batch_positions']:,.0f} positions per side per batch).",
-    "- An accelerator at MFU 0.4 on the configured model (6 x parameters x tokens FLOPs per "
-    "step) consumes: " + ", ".join(f"{k} {v:.1f} batches/s" for k, v in need.items()) +
-    "; the host covers " + ", ".join(f"{restart['batches_per_second'] / v:.1f}x of {k}"
-                                     for k, v in need.items()) + ".",
-    f"- Real (non-padding) tokens: **{restart['real_token_fraction']:.3f}** of the batches' "
-    "positions over an epoch, both sides (the padding of partly filled rows and the all-zero "
-    "rows that round a batch up to the devices both count as padding).",
-    "",
-  ]
-  with open(_OUT.value + ".md", "w") as f:
-    f.write("\n".join(text))
-  with open(_OUT.value + ".json", "w") as f:
-    json.dump({"command": command, "hardware": hw, "runs": runs, "need": need}, f, indent=1)
+    f"{'tiny (1 + 1 layers, d_model 32)' if _TINY.value else 'as configured'}.", command, [
+      "## Results\n", report.markdown_table(["start", "stage", "seconds", "peak RSS (GiB)"], rows),
+      f"- Peak RSS of the data path is the largest of the stages open ... batch plan. The first "
+      f"step adds the step's own buffers: XLA accounts {restart['step_xla_bytes'] / gib:.2f} "
+      f"GiB for a batch of shape {restart['first_batch_shape']} (the logits and their gradient "
+      f"over the {config.data.vocab_size:,}-piece vocabulary dominate); on a CPU they are host "
+      "memory, on a GPU or TPU they are device memory.",
+      f"- Host batch rate (the training loop's prefetch thread: gather from the memory-mapped "
+      f"cache, pad, transfer): **{restart['batches_per_second']:.1f} batches/s** "
+      f"({restart['mean_batch_positions']:,.0f} positions per side per batch).",
+      "- An accelerator at MFU 0.4 on the configured model (6 x parameters x tokens FLOPs per "
+      "step) consumes: " + ", ".join(f"{k} {v:.1f} batches/s" for k, v in need.items()) +
+      "; the host covers " + ", ".join(f"{restart['batches_per_second'] / v:.1f}x of {k}"
+                                       for k, v in need.items()) + ".",
+      f"- Real (non-padding) tokens: **{restart['real_token_fraction']:.3f}** of the batches' "
+      "positions over an epoch, both sides (the padding of partly filled rows and the all-zero "
+      "rows that round a batch up to the devices both count as padding).\n"])
+  report.write_json(_OUT.value + ".json", {"command": command, "hardware": report.hardware(),
+                                           "runs": runs, "need": need})
 
 
 def main(argv: list[str]) -> None:
@@ -245,17 +195,17 @@ def main(argv: list[str]) -> None:
     fail("--config and --workdir are required, e.g. --config=configs/wmt.py "
          "--config.data_dir=/tmp/synth_wmt --workdir=/tmp/pipeline_bench")
   if _CHILD.value:
-    _child(config)
+    if _TINY.value:
+      config.model.update(num_layers=1, d_model=32, d_ff=64, num_heads=4)
+    print(json.dumps(one_start(config, _WORKDIR.value, _BATCHES.value)), flush=True)
     return
-  passthrough = [a for a in sys.argv[1:] if not a.startswith("--child")]
-  for path in (_WORKDIR.value, _WORKDIR.value + "-reports"):
-    shutil.rmtree(path, ignore_errors=True)
+  shutil.rmtree(_WORKDIR.value, ignore_errors=True)
   runs = {}
   for label in ("first start", "restart"):
-    runs[label] = _run_start(label.replace(" ", "_"), passthrough, timeout=6 * 3600)
+    runs[label] = _run_start(label, sys.argv[1:], timeout=6 * 3600)
     print(f"{label}: {runs[label]['to_first_step_seconds']:.1f} s to the first step", flush=True)
   need = accelerator_batches_per_second(config)
-  write_report(config, runs, need, report.command_line(), report.hardware())
+  write_report(config, runs, need, report.command_line())
   print(f"wrote {_OUT.value}.md", flush=True)
 
 
