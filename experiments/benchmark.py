@@ -4,36 +4,14 @@
         --config.model.dtype=float32 --config.model.vocab_size=8192 --config.mesh.data=1 \
         --batch_size=32 --src_len=64 --tgt_len=64 --steps=5
 
-`step_cost.run_benchmark` builds the project's `Trainer` on a mesh (by default over all
-devices), compiles its train step for the given batch shapes ahead of time, reads XLA's memory
-analysis of the compiled step, then runs warm-up steps and `--steps` timed steps on random
-token batches (ids in [2, vocab), no padding). In the same run it measures the machine's
-float32 matmul rate, so that the step can be reported as a fraction of it. The last line
-printed is one JSON object.
-
-Measurements follow the project's PyTorch peer (`experiments/torch_peer.py`) so the two are
-comparable in one session:
-  - step_s is the BEST of the timed steps (the peer's `min`); the median is reported too.
-    Each step is synchronised (`block_until_ready`) before its clock stops.
-  - model_flops_per_step uses the peer's formula (`measure.model_flops_per_step`).
-  - step_cpu_s is the least CPU time (all threads of this process) of a timed step: on a
-    shared machine it moves less with other processes' load than the wall time does.
-  - matmul_flops_per_s is the best of `--matmul_repeats` jitted `jnp.dot`s of two float32
-    [n, n] matrices (n = `--matmul_size`, 2048 as the peer), after two warm-up products.
-
-Memory fields come from `Compiled.memory_analysis()` (per device, bytes; `measure.memory_stats`):
-  - temp_memory_bytes: XLA's temporary buffers (activations kept for the backward pass,
-    gradients, workspace), excluding arguments and outputs.
-  - peak_memory_bytes: arguments + outputs - aliased + temp, i.e. the inputs (parameters,
-    optimiser state, batch), the outputs that do not reuse a donated input buffer, and the
-    temporary allocation, all live at once: an upper bound of what the step holds.
-  - xla_peak_memory_bytes: `memory_analysis().peak_memory_in_bytes` as reported. On XLA:CPU
-    (jaxlib 0.10.2) it comes out about equal to the arguments and below temp_memory_bytes,
-    so it does not include the temporaries there and is not used for peak_memory_bytes.
-
-`--config.data.vocab_size` is set to the model's vocabulary (there is no data here), so that
-only `--config.model.vocab_size` needs to be given. `--steps=0` compiles only: no parameters
-are created, and the timing fields are null.
+`step_cost.run_benchmark` compiles the project's train step ahead of time on the config's mesh,
+reads XLA's memory analysis (`measure.memory_stats`: temp and peak bytes per device), times
+`--warmup_steps` untimed and `--steps` timed steps on random batches, and measures the
+machine's matmul rate in the same run. As the PyTorch peer (experiments/torch_peer.py), step_s
+is the best timed step (median too), model FLOPs follow `measure.model_flops_per_step`, and
+the matmul rate is the best of `--matmul_repeats` [n, n] products; step_cpu_s (the least CPU
+time of a step) moves less with other processes' load. `--config.data.vocab_size` follows the
+model's (no data here). `--steps=0` compiles only. The last line printed is one JSON object.
 """
 
 from __future__ import annotations

@@ -27,7 +27,6 @@ claims_long_range.png, claims_memory.png (experiments/claims_report.py); a part 
 run keeps its records from the last run.
 """
 
-import json
 import os
 
 from absl import app, flags
@@ -61,14 +60,14 @@ def main(argv: list[str]) -> None:
   from experiments import claims_report, long_range, report, step_cost
 
   command = report.command_line()
-  json_path = os.path.join(_OUT.value, "claims.json")
-  previous = json.load(open(json_path)) if os.path.exists(json_path) else {}
+  previous = report.read_json(os.path.join(_OUT.value, "claims.json"))
   commands = dict(previous.get("command") or {})
   cost, caches, lr = (previous.get(k) for k in ("cost", "decode_cache", "long_range"))
   if "cost" in parts:
     if _COST_FROM.value:
-      with open(_COST_FROM.value) as f:
-        source = json.load(f)
+      source = report.read_json(_COST_FROM.value)
+      if not source:
+        fail(f"--cost_from={_COST_FROM.value}: no such file")
       cost = source["cost"]
       commands["parallelism and memory"] = (
         f"{command}\n# cost records read from {_COST_FROM.value}, measured by:\n"

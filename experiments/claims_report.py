@@ -6,7 +6,6 @@ claims_long_range.png, claims_memory.png.
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
@@ -28,12 +27,10 @@ def write_report(out_dir: str, commands: dict[str, str], cost: list[dict[str, An
                  caches: list[dict[str, Any]] | None, lr: dict[str, Any] | None,
                  fit_from: int) -> list[str]:
   """The report from the parts there are (cost and caches, long range); returns the paths."""
-  os.makedirs(out_dir, exist_ok=True)
   paths = {k: os.path.join(out_dir, f"claims{k}") for k in
            (".md", ".json", "_parallelism.png", "_long_range.png", "_memory.png")}
-  with open(paths[".json"], "w") as f:
-    json.dump({"command": commands, "cost": cost, "decode_cache": caches, "long_range": lr},
-              f, indent=1)
+  report.write_json(paths[".json"], {"command": commands, "cost": cost, "decode_cache": caches,
+                                     "long_range": lr})
   body = []
   if cost:
     tables = step_cost.cost_tables(cost, fit_from, memory_digits=2)

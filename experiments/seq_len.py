@@ -4,24 +4,11 @@ sentences translate longer ones.
     nice -n 19 python -m experiments.seq_len                 # both parts, CPU defaults
     python -m experiments.seq_len --part=cost --lengths=64,128,...,16384 --batch_size=8  # GPU
 
-(a) cost (experiments/step_cost.py, `cost_sweep`). For n = 64, 128, ..., 4096 (source and target
-both n tokens, `--batch_size` rows of random ids) and each model: XLA's memory analysis of the
-compiled train step (`temp` = activations kept for the backward pass, gradients and workspace;
-`peak` = arguments + outputs - aliased + temp), the sequential loop iterations of the compiled
-HLO, and the best of `--steps` timed steps after one warm-up step. Timing is skipped where a
-step is predicted to take more than `--max_step_s` seconds or to need more than `--max_run_gb`;
-every length gets its memory. Models: the Transformer of `--config` (configs/numbers.py: d_model
-128, 2 + 2 layers, 4 heads, d_ff 256, vocabulary 256) with each attention implementation that
-applies here (`xla`, `chunked`; `cudnn` only on GPU, in bfloat16), and the LSTM baseline with
-the same number of parameters, with its attention over the encoder states (`lstm`) and without
-(`lstm_noattn`, pure recurrence). Growth exponents are least-squares slopes of log(y) on
-log(n), over all lengths and over n >= `--fit_from`.
-
-(b) quality (experiments/seq_len_report.py). The sweep `configs/sweeps/seq_len.py` trains the
-numbers model on training pairs of at most 24, 48 or 64 tokens per side, with the sweep runner
-(own workdirs under runs/sweeps/seq_len, resumes, skips finished points); each model then
-translates the whole validation split, and BLEU is reported by bins of source length in
-tokens, so that sentences longer than any seen in training are scored apart.
+(a) cost: `step_cost.cost_sweep` for n = 64 ... 4096 (source = target = n tokens) over the
+Transformer of `--config` with each attention implementation that applies here and its
+equal-size LSTMs (with and without attention): XLA memory, sequential loop iterations, step
+time, and growth exponents over all n and over n >= `--fit_from`. (b) quality:
+`seq_len_report.run_quality`, BLEU by source length of the models of configs/sweeps/seq_len.py.
 
 Writes experiments/results/seq_len.md, seq_len.png and seq_len.json (every record); a part
 that does not run keeps its records from the last run.
@@ -29,7 +16,6 @@ that does not run keeps its records from the last run.
 
 from __future__ import annotations
 
-import json
 import os
 
 from absl import app, flags
@@ -67,8 +53,7 @@ def main(argv: list[str]) -> None:
 
   command = report.command_line()
   # A part that does not run keeps its results (and command) from the last run.
-  json_path = os.path.join(_OUT.value, "seq_len.json")
-  old = json.load(open(json_path)) if os.path.exists(json_path) else {}
+  old = report.read_json(os.path.join(_OUT.value, "seq_len.json"))
   commands = dict(old.get("commands") or {})
   cost, quality = old.get("cost"), old.get("quality")
   try:

@@ -10,7 +10,6 @@ any seen in training are scored apart. The cost part is experiments/step_cost.py
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -111,9 +110,7 @@ def write_report(out_dir: str, commands: dict[str, str], cost: list[dict[str, An
                  quality: dict[str, Any] | None, fit_from: int) -> list[str]:
   """seq_len.md, seq_len.png and seq_len.json from the parts that ran (commands by part)."""
   paths = [os.path.join(out_dir, f"seq_len{ext}") for ext in (".md", ".png", ".json")]
-  os.makedirs(out_dir, exist_ok=True)
-  with open(paths[2], "w") as f:
-    json.dump({"commands": commands, "cost": cost, "quality": quality}, f, indent=1)
+  report.write_json(paths[2], {"commands": commands, "cost": cost, "quality": quality})
   body = []
   if cost:
     tables = step_cost.cost_tables(cost, fit_from)
