@@ -196,12 +196,13 @@ def run_benchmark(
     if peer:
       import tempfile
 
-      import ctranslate2
-
       tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="ct2-"))
       vocab = export.synthetic_vocabulary(mc.vocab_size)
+      # One line (UserError) where ctranslate2 is not installed.
       model_dir = export.export_ctranslate2(params, mc, os.path.join(tmp, "model"),
                                             vocabulary=vocab)
+      import ctranslate2
+
       translators = ct2_translators(model_dir, threads or os.cpu_count() or 1)
       record.update(ctranslate2=ctranslate2.__version__, ct2_threads=threads or os.cpu_count())
     for b in batch_sizes:
