@@ -5,6 +5,12 @@ Shared by the bucketed (input_pipeline.TrainBatches, evaluation batches) and the
 """
 
 
+def check_process(process_index: int, process_count: int) -> None:
+  """ValueError unless 0 <= process_index < process_count (the slice of rows a process gets)."""
+  if not 0 <= process_index < process_count:
+    raise ValueError(f"process_index={process_index} not in [0, {process_count})")
+
+
 def padded_rows(rows: int, batch_multiple: int, process_count: int) -> int:
   """`rows` rounded up to a multiple of `batch_multiple` (the devices a batch is split over)."""
   if batch_multiple < 1 or batch_multiple % process_count:

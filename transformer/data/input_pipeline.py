@@ -44,7 +44,7 @@ from absl import logging
 
 from transformer import storage
 from transformer.data import token_cache
-from transformer.data.batch_rows import padded_rows
+from transformer.data.batch_rows import check_process, padded_rows
 from transformer.data.errors import DataError
 from transformer.data.packing import PackedBatches
 from transformer.data.tfds_io import SplitReader, data_dir_of, import_tensorflow, require_prepared
@@ -239,8 +239,7 @@ class TrainBatches:
         [process_index * R / process_count, (process_index + 1) * R / process_count) of each
         global batch of R rows.
     """
-    if not 0 <= process_index < process_count:
-      raise ValueError(f"process_index={process_index} not in [0, {process_count})")
+    check_process(process_index, process_count)
     self.split = split
     self.seed = int(config.seed)
     self.process_index = process_index

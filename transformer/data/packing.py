@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from transformer.data.batch_rows import padded_rows
+from transformer.data.batch_rows import check_process, padded_rows
 from transformer.data.errors import DataError
 from transformer.data.token_cache import TokenizedSplit
 
@@ -184,8 +184,7 @@ class PackedBatches:
                process_index: int = 0, process_count: int = 1):
     """Args as for `TrainBatches`; reads `seed` and `data.{tokens_per_batch, max_source_len,
     max_target_len, packed_source_len, packed_target_len}`."""
-    if not 0 <= process_index < process_count:
-      raise ValueError(f"process_index={process_index} not in [0, {process_count})")
+    check_process(process_index, process_count)
     self.split = split
     self.seed = int(config.seed)
     self.process_index = process_index
