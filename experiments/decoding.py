@@ -203,8 +203,9 @@ def run_benchmark(
                                             vocabulary=vocab)
       import ctranslate2
 
-      translators = ct2_translators(model_dir, threads or os.cpu_count() or 1)
-      record.update(ctranslate2=ctranslate2.__version__, ct2_threads=threads or os.cpu_count())
+      threads = threads or os.cpu_count() or 1
+      translators = ct2_translators(model_dir, threads)
+      record.update(ctranslate2=ctranslate2.__version__, ct2_threads=threads)
     for b in batch_sizes:
       batches = [random_sources(host_rng, b, src_len, mc.vocab_size)
                  for _ in range(warmup + repeats)]
@@ -302,11 +303,10 @@ def results_table(record: dict[str, Any]) -> str:
 
 def write_report(path: str, record: dict[str, Any], command: str) -> str:
   """The markdown report of a `run_benchmark` record."""
-  peer = record["peer"]
   r = record
   compared = (f"CTranslate2 {r['ctranslate2']} (float32, and int8 with weights quantized at "
               f"load, on {r['ct2_threads']} thread(s)) on the same weights, exported with "
-              "`transformer.export`" if peer else
+              "`transformer.export`" if r["peer"] else
               "the uncached greedy decoder, which re-runs the whole decoder at every step")
   intro = (
     "Produced by `experiments/decode_benchmark.py` (method in `experiments/decoding.py`). "
@@ -324,6 +324,6 @@ def write_report(path: str, record: dict[str, Any], command: str) -> str:
                                       f"{c['same_tokens']}" if "same_tokens" in c else "")
             for c in r["checks"]]
   body = ["## Results\n", results_table(r), "\n" + ".\n".join(checks) + ".\n"]
-  title = ("Decoding speed against CTranslate2, same weights" if peer else
+  title = ("Decoding speed against CTranslate2, same weights" if r["peer"] else
            "Decoding speed: KV-cached against uncached decoding")
   return report.write_markdown(path, title, intro, command, body)

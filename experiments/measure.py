@@ -264,8 +264,8 @@ def run_json(cmd: Sequence[str], timeout: float | None = None,
              env: dict[str, str] | None = None) -> dict[str, Any]:
   """The last JSON line a measuring child prints, with `wall_s` and the load at its start.
 
-  Raises RuntimeError naming the command and its last lines when it fails, prints no JSON
-  line or runs past `timeout` seconds.
+  Raises RuntimeError naming the command and the last line of its stderr when it fails,
+  prints no JSON line or runs past `timeout` seconds.
   """
   import json
   import os
