@@ -6,8 +6,8 @@
         --long_range.steps=2000                               # accelerators
 
 The Transformer and the LSTM baseline (`model.kind='lstm'`, transformer/rnn.py) always have
-the same number of parameters (`rnn.lstm_config_for_params`) and get the same training budget
-(the same batches, steps and optimiser recipe).
+the same number of parameters (`model_family.lstm_config_for_params`) and get the same
+training budget (the same batches, steps and optimiser recipe).
 
 1. Parallelism. Training-step time against n, and the number of sequential steps: the while
    loops of the compiled train step and their trip counts (`measure.loop_iterations`), so a

@@ -77,7 +77,7 @@ def write_report(out_dir: str, commands: dict[str, str], cost: list[dict[str, An
     paths[".md"], "Attention against recurrence: parallelism, long-range dependencies, memory",
     "Produced by `experiments/claims.py` (method in its docstring; every record in "
     "`claims.json`). Transformer and LSTM always have equal parameter counts "
-    "(`rnn.lstm_config_for_params`) and equal training budgets.", commands, body)
+    "(`model_family.lstm_config_for_params`) and equal training budgets.", commands, body)
   return [p for p in paths.values() if os.path.exists(p)]
 
 

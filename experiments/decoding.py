@@ -43,7 +43,7 @@ from experiments import measure, report
 from transformer.data.tokenizer import EOS_ID, PAD_ID
 from transformer.errors import ConfigError
 from transformer.model import ModelConfig
-from transformer.model_family import build_model
+from transformer.model_family import build_model, count_params
 from transformer.translate import decode_tokens
 
 Array = jax.Array
@@ -186,7 +186,7 @@ def run_benchmark(
     "benchmark": "transformer decoding", "config": str(config.name), "peer": peer,
     "batch_sizes": list(batch_sizes), "src_len": src_len, "out_len": out_len,
     "beam_size": beam_size, "alpha": alpha, "repeats": repeats, "warmup": warmup,
-    "time_stat": "best", "params": measure.count_params(params), "d_model": mc.d_model,
+    "time_stat": "best", "params": count_params(params), "d_model": mc.d_model,
     "layers": mc.num_layers, "heads": mc.num_heads, "d_ff": mc.d_ff, "vocab": mc.vocab_size,
     "dtype": str(mc.compute_dtype), "hardware": report.hardware(), "results": [], "checks": [],
   }

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from experiments import measure, report, tasks
+from transformer.model_family import count_params
 
 
 def model_configs(s: Any) -> list[tuple[Any, Any]]:
@@ -79,7 +80,7 @@ def train_and_test(config: Any, mc: Any, s: Any, distribution: str,
     pred = np.asarray(jnp.argmax(logits[np.arange(s.eval_examples), batch["distance"]], -1))
     accuracy[str(int(d))] = float(np.mean(pred == batch["answer"]))
   log(f"[long range] {mc.kind}, d {distribution}: accuracy by distance {accuracy}")
-  return {"kind": mc.kind, "d_model": mc.d_model, "params": measure.count_params(state.params),
+  return {"kind": mc.kind, "d_model": mc.d_model, "params": count_params(state.params),
           "accuracy": accuracy, "losses": losses, "train_s": train_s, "step_s": step_s,
           "steps": s.steps}
 

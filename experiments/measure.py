@@ -81,46 +81,27 @@ def measure_matmul_flops(n: int = 2048, repeats: int = 5, dtype: str = "float32"
 # ----------------------------------------------------------------------------- parameters
 
 
-def count_params(tree: Any) -> int:
-  """Number of scalars in a pytree of arrays or shapes (boxed `nn.Partitioned` leaves too)."""
-  import flax.linen as nn
-  import jax
-  import numpy as np
-
-  return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nn.unbox(tree)))
-
-
-def model_param_count(mc: Any) -> int:
-  """Parameters of the model of a ModelConfig, from `jax.eval_shape` (no FLOPs, no memory)."""
-  import jax
-  import jax.numpy as jnp
-
-  from transformer.model_family import build_model
-
-  tokens = jnp.ones((1, 2), jnp.int32)
-  shapes = jax.eval_shape(lambda: build_model(mc).init(jax.random.key(0), tokens, tokens))
-  return count_params(shapes["params"])
-
-
 def param_count(config: Any) -> int:
-  """Parameters of a training config's model (`model_param_count` of its ModelConfig)."""
+  """Parameters of a training config's model (`model_family.param_count` of its ModelConfig)."""
+  from transformer import model_family
   from transformer.validate import model_config
 
-  return model_param_count(model_config(config))
+  return model_family.param_count(model_config(config))
 
 
 def equal_size_lstm(config: Any, attention: bool = True) -> Any:
   """A copy of a Transformer config whose model is the LSTM baseline with the same number of
-  parameters (`rnn.lstm_config_for_params`), with or without its attention over the encoder."""
+  parameters (`model_family.lstm_config_for_params`), with or without its attention over the
+  encoder."""
   import dataclasses
 
   from transformer.model import ModelConfig
-  from transformer.rnn import lstm_config_for_params
+  from transformer.model_family import lstm_config_for_params, param_count
   from transformer.validate import model_config
 
   transformer = dataclasses.replace(model_config(config), kind="transformer")
   base = dataclasses.replace(transformer, lstm_attention=attention)
-  lstm = lstm_config_for_params(model_param_count(transformer), base)
+  lstm = lstm_config_for_params(param_count(transformer), base)
   out = config.copy_and_resolve_references()
   for field in dataclasses.fields(ModelConfig):
     out.model[field.name] = getattr(lstm, field.name)

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from experiments import measure, report
+from transformer.model_family import count_params
 
 TRANSFORMER_KINDS = ("xla", "chunked", "cudnn")
 # The LSTM baseline with its attention over the encoder states (the project's default, an
@@ -60,7 +61,7 @@ def measure_step(config: Any, mc: Any, batch_size: int, src_len: int, tgt_len: i
     "lower_s": lower_s, "xla_compile_s": xla_s, "compile_s": lower_s + xla_s,
     **measure.memory_stats(compiled),
     **{f"hlo_{k}": v for k, v in measure.loop_iterations(compiled.as_text()).items()},
-    "params": measure.count_params(trainer.abstract_state.params),
+    "params": count_params(trainer.abstract_state.params),
     "step_s": None, "step_s_median": None, "step_times_s": [], "step_cpu_s": None,
     "step_cpu_s_median": None, "first_step_s": None, "timing_skipped": None,
   }

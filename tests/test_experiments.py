@@ -18,6 +18,7 @@ import pytest
 from configs import numbers
 from experiments import attention_weights, heads_report, measure, seq_len_report, step_cost, tasks
 from experiments import sweeps as sweep
+from transformer.model_family import param_count
 from transformer.validate import model_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -306,7 +307,7 @@ def test_long_range_models_have_equal_parameter_counts():
   (tcfg, tmc), (lcfg, lmc) = long_range.model_configs(s)
   assert tmc.kind == "transformer" and lmc.kind == "lstm"
   assert tmc.vocab_size == lmc.vocab_size == tasks.vocab_size(8) == tcfg.data.vocab_size
-  pt, pl = measure.model_param_count(tmc), measure.model_param_count(lmc)
+  pt, pl = param_count(tmc), param_count(lmc)
   assert abs(pl / pt - 1) < 0.05
   # Decoding caches: the Transformer's grows with n, the LSTM's does not.
   assert measure.decode_cache_bytes(tmc, 16) > measure.decode_cache_bytes(tmc, 8)

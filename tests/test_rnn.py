@@ -11,10 +11,12 @@ import pytest
 
 from transformer import decode as decode_lib
 from transformer.model import ModelConfig, Transformer, shift_right
-from transformer.rnn import LSTMSeq2Seq, lstm_config_for_params, lstm_param_count
+from transformer.model_family import lstm_config_for_params, param_count
+from transformer.rnn import LSTMSeq2Seq
 
 TINY = ModelConfig(
-  vocab_size=40, num_layers=2, d_model=24, d_ff=64, num_heads=4, max_len=32, dropout_rate=0.0
+  vocab_size=40, num_layers=2, d_model=24, d_ff=64, num_heads=4, max_len=32, dropout_rate=0.0,
+  kind="lstm",
 )
 # XLA's CPU backend optimisations roughly double the compile time of the LSTM scans and their
 # gradients, and compiling dominates these tests: turn them off (results are unaffected).
@@ -94,7 +96,7 @@ def test_init_shapes_dtypes_and_logical_axis_names():
   names = {n for x in leaves for n in x.names if n is not None}
   assert names <= {"embed", "mlp", "vocab", "heads", "kv"} and {"embed", "mlp", "vocab"} <= names
   assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(nn.unbox(variables)))
-  assert sum(x.size for x in jax.tree.leaves(nn.unbox(variables))) == lstm_param_count(TINY)
+  assert sum(x.size for x in jax.tree.leaves(nn.unbox(variables))) == param_count(TINY)
   logits = _fns(TINY)["apply"](variables, src, tgt)
   assert logits.shape == (B, T, TINY.vocab_size) and logits.dtype == jnp.float32
   assert np.all(np.isfinite(logits))
@@ -107,7 +109,7 @@ def test_cache_is_batch_major_and_counts_match(name):
   cache = _init_cache(cfg, B, S, T)
   assert cache and all(x.shape[0] == B for x in jax.tree.leaves(cache))
   n = sum(x.size for x in jax.tree.leaves(_variables(cfg)))
-  assert n == lstm_param_count(cfg)
+  assert n == param_count(cfg)
 
 
 @pytest.mark.parametrize("name", ["attention", "no_attention"])
@@ -298,8 +300,8 @@ def test_config_for_params_matches_a_transformer_within_5_percent():
   target = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nn.unbox(shapes)))
   cfg = lstm_config_for_params(target, base)
   assert cfg.kind == "lstm" and cfg.num_layers == base.num_layers
-  error = abs(lstm_param_count(cfg) - target)
+  error = abs(param_count(cfg) - target)
   assert error <= 0.05 * target
   # The closest width: one unit more or less is no closer.
   for d in (cfg.d_model - 1, cfg.d_model + 1):
-    assert abs(lstm_param_count(dataclasses.replace(cfg, d_model=d, d_kv=8)) - target) >= error
+    assert abs(param_count(dataclasses.replace(cfg, d_model=d, d_kv=8)) - target) >= error

@@ -23,14 +23,12 @@ L = num_layers. Padding (token 0) is assumed to be trailing, as the input pipeli
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Callable
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from transformer import attention as attn_lib
 from transformer.model import ModelConfig, make_dropout, shift_right
@@ -303,53 +301,14 @@ class LSTMSeq2Seq(nn.Module):
     return self.decode(encoded, inputs, targets, train)
 
 
-def lstm_param_count(config: ModelConfig) -> int:
-  """Number of parameters of LSTMSeq2Seq(config), from `jax.eval_shape` of `init`.
-
-  Exact but not free: tracing costs about 0.2 s per LSTM layer and direction.
-  """
-  tokens = jnp.ones((1, 2), jnp.int32)
-  shapes = jax.eval_shape(
-    lambda: LSTMSeq2Seq(config).init(jax.random.key(0), tokens, tokens)["params"]
-  )
-  return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nn.unbox(shapes)))
-
-
-def _formula_param_count(cfg: ModelConfig, d: int) -> int:
-  """lstm_param_count with d_model = d, in closed form (checked against it by the caller)."""
+def closed_form_param_count(config: ModelConfig, d_model: int) -> int:
+  """Parameters of LSTMSeq2Seq(config) with d_model set to `d_model`, in closed form (cheap
+  enough to search over widths; `model_family.lstm_config_for_params` checks it exactly)."""
   cell = lambda inputs, units: 4 * (inputs * units + units * units + units)  # W_i, W_h, b
-  n = cfg.num_layers * (cell(d, d - d // 2) + cell(d, d // 2))  # encoder, both directions
-  n += cfg.num_layers * (cell(d, d) + d * 2 * d + 2 * d)  # decoder layers and their bridges
-  if _uses_attention(cfg):
+  d = d_model
+  n = config.num_layers * (cell(d, d - d // 2) + cell(d, d // 2))  # encoder, both directions
+  n += config.num_layers * (cell(d, d) + d * 2 * d + 2 * d)  # decoder layers and their bridges
+  if _uses_attention(config):
     n += d * d + 2 * d * d  # W_a, W_c
-  n += cfg.vocab_size * d * (1 if cfg.share_embeddings else 3)  # embeddings, output layer
+  n += config.vocab_size * d * (1 if config.share_embeddings else 3)  # embeddings, output layer
   return n
-
-
-def lstm_config_for_params(target_params: int, base: ModelConfig) -> ModelConfig:
-  """The LSTM config (kind='lstm') whose parameter count is closest to `target_params`.
-
-  Only d_model is chosen; every other field comes from `base`. The attention fields of
-  ModelConfig do not affect the LSTM, but the config must still validate, so d_kv is
-  pinned to base.head_dim when num_heads does not divide the chosen d_model.
-  """
-  if target_params < 1:
-    raise ValueError(f"target_params must be positive, got {target_params}")
-  # The count grows with d, so bisect on the closed form (tracing every candidate would take
-  # seconds each), then confirm the choice with one exact count.
-  lo, hi = 2, 4
-  while _formula_param_count(base, hi) < target_params:
-    lo, hi = hi, 2 * hi
-  while hi - lo > 1:
-    mid = (lo + hi) // 2
-    lo, hi = (mid, hi) if _formula_param_count(base, mid) < target_params else (lo, mid)
-  d = min((lo, hi), key=lambda x: abs(_formula_param_count(base, x) - target_params))
-  d_kv = base.d_kv or (0 if d % base.num_heads == 0 else base.head_dim)
-  config = dataclasses.replace(base, d_model=d, d_kv=d_kv, kind="lstm")
-  exact = lstm_param_count(config)
-  if exact != _formula_param_count(base, d):
-    raise RuntimeError(
-      f"rnn._formula_param_count is out of date with LSTMSeq2Seq: {exact} parameters counted, "
-      f"{_formula_param_count(base, d)} predicted for d_model={d}"
-    )
-  return config

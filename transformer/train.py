@@ -28,7 +28,7 @@ from transformer.data import input_pipeline
 from transformer.errors import ConfigError
 from transformer.metrics import MetricWriter, summarize
 from transformer.model import ModelConfig
-from transformer.model_family import build_model
+from transformer.model_family import build_model, count_params
 from transformer.prefetch import Prefetcher
 from transformer.train_state import TrainState, make_eval_step, make_optimizer, make_train_step
 from transformer.translate import Translator, bleu_on
@@ -262,8 +262,8 @@ def _train_and_evaluate(config: Any, workdir: str, model_config: ModelConfig,
     translator = Translator(model_config, config.decode, mesh, trainer.state_shardings.params,
                             config.data.bucket_lengths)
     bleu_pairs = data.references["validation"][: config.eval_bleu_sentences or None]
-    n_params = sum(x.size for x in jax.tree.leaves(trainer.abstract_state.params))
-    logging.info("Model: %s parameters; mesh %s; batch shapes %s", f"{n_params:,}",
+    logging.info("Model: %s parameters; mesh %s; batch shapes %s",
+                 f"{count_params(trainer.abstract_state.params):,}",
                  dict(mesh.shape), data.train.shapes())
 
     def save(step: int, state: TrainState) -> None:

@@ -44,7 +44,7 @@ from absl import logging
 
 from transformer import storage
 from transformer.data import token_cache
-from transformer.data.batch_rows import check_process, padded_rows
+from transformer.data.batch_rows import check_process, padded_rows, process_rows
 from transformer.data.errors import DataError
 from transformer.data.packing import PackedBatches
 from transformer.data.tfds_io import SplitReader, data_dir_of, import_tensorflow, require_prepared
@@ -320,8 +320,8 @@ class TrainBatches:
     epoch, i = divmod(step, self.steps_per_epoch)
     plan = self._plan(epoch)
     k = int(plan.bucket[i])
-    rows = self.rows[k] // self.process_count
-    lo = int(plan.start[i]) + self.process_index * rows
+    first, rows = process_rows(self.rows[k], self.process_index, self.process_count)
+    lo = int(plan.start[i]) + first
     hi = min(lo + rows, int(plan.end[i]))
     return plan.order[lo:max(lo, hi)], rows, self.buckets[k]
 
@@ -411,12 +411,12 @@ def eval_batches(
   tgt = [_truncate(t, tgt_limit) for _, t in pairs_ids]
   longest = np.array([max(len(s), len(t)) for s, t in zip(src, tgt, strict=True)], np.int64)
   order = np.argsort(longest, kind="stable")
-  local = rows // process_count
+  first, local = process_rows(rows, process_index, process_count)
   out = []
   for start in range(0, len(order), rows):
     chunk = order[start : start + rows]
     length = buckets[int(np.searchsorted(buckets, longest[chunk].max(), side="left"))]
-    mine = chunk[process_index * local : (process_index + 1) * local]
+    mine = chunk[first : first + local]
     batch = {
       "inputs": np.zeros((local, length), np.int32),
       "targets": np.zeros((local, length), np.int32),

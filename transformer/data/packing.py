@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from transformer.data.batch_rows import check_process, padded_rows
+from transformer.data.batch_rows import check_process, padded_rows, process_rows
 from transformer.data.errors import DataError
 from transformer.data.token_cache import TokenizedSplit
 
@@ -248,8 +248,7 @@ class PackedBatches:
     """This process's rows of packed batch `step` (keys in the module doc), int32
     [rows / process_count, packed_{source,target}_len]."""
     examples, row = self.placements(step)
-    local = self.rows // self.process_count
-    lo = self.process_index * local
+    lo, local = process_rows(self.rows, self.process_index, self.process_count)
     mine = (row >= lo) & (row < lo + local)
     examples, row = examples[mine], row[mine] - lo
     out = {}
