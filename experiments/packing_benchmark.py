@@ -35,7 +35,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from experiments import measure, report
-from transformer.errors import fail, parse_flags
+from transformer.errors import UserError, fail, parse_flags
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/numbers.py.",
                                           lock_config=False)
@@ -126,6 +126,7 @@ def time_training(configs: dict[str, Any], batches: dict[str, Any], steps: int,
   """
   steppers = {k: _Stepper(configs[k], batches[k], steps) for k in configs}
   compiled = {k: s.compile() for k, s in steppers.items()}
+  rounds = min(rounds, steps)  # no empty slice
   cuts = [steps * r // rounds for r in range(rounds + 1)]
   times, _ = measure.time_interleaved(
     {k: lambda i, s=s: s.run(cuts[i], cuts[i + 1]) for k, s in steppers.items()}, rounds)
@@ -139,14 +140,22 @@ def time_training(configs: dict[str, Any], batches: dict[str, Any], steps: int,
 def compare_layouts(config: Any, workdir: str, batches: int, timed_steps: int,
                     timed_tokens_per_batch: int = 0) -> dict[str, Any]:
   """Both layouts of `config`'s corpus; see the module doc. The timed steps use batches of
-  `timed_tokens_per_batch` tokens per side if it is not 0."""
-  from transformer.data import input_pipeline, token_cache
+  `timed_tokens_per_batch` tokens per side if it is not 0. Raises UserError (a bad argument
+  or config, missing data) before any work."""
+  import jax
 
+  from transformer.data import input_pipeline, token_cache
+  from transformer.validate import validate
+
+  measure.check_at_least((("--batches", batches, 1), ("--timed_steps", timed_steps, 0),
+                          ("--timed_tokens_per_batch", timed_tokens_per_batch, 0)))
+  configs = {k: layout_config(config, k) for k in LAYOUTS}
+  for cfg in configs.values():  # both layouts, before any work
+    validate(cfg, jax.device_count())
   reader = input_pipeline.open_reader(config)
   tok = input_pipeline.get_tokenizer(config, workdir, reader)
   split = token_cache.load_or_build(reader, "train", tok, token_cache.cache_root(config, workdir))
   out: dict[str, Any] = {"train_examples": len(split)}
-  configs = {k: layout_config(config, k) for k in LAYOUTS}
   trains = {}
   for layout in LAYOUTS:
     t0 = time.time()
@@ -226,8 +235,11 @@ def main(argv: list[str]) -> None:
     fail("--config and --workdir are required, e.g. --config=configs/numbers.py "
          "--workdir=/tmp/pack_num")
   out = _OUT.value or os.path.join("experiments", "results", f"packing_{config.name}")
-  result = compare_layouts(config, _WORKDIR.value, _BATCHES.value, _TIMED.value,
-                           _TIMED_TOKENS.value)
+  try:
+    result = compare_layouts(config, _WORKDIR.value, _BATCHES.value, _TIMED.value,
+                             _TIMED_TOKENS.value)
+  except UserError as e:
+    fail(str(e))
   write_report(out, config, result, report.command_line(), _BATCHES.value)
   print(f"wrote {out}.md", flush=True)
 
