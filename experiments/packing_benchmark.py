@@ -144,7 +144,6 @@ def compare_layouts(config: Any, workdir: str, batches: int, timed_steps: int,
   or config, missing data) before any work."""
   import jax
 
-  from transformer.data import input_pipeline, token_cache
   from transformer.validate import validate
 
   measure.check_at_least((("--batches", batches, 1), ("--timed_steps", timed_steps, 0),
@@ -152,6 +151,8 @@ def compare_layouts(config: Any, workdir: str, batches: int, timed_steps: int,
   configs = {k: layout_config(config, k) for k in LAYOUTS}
   for cfg in configs.values():  # both layouts, before any work
     validate(cfg, jax.device_count())
+  from transformer.data import input_pipeline, token_cache
+
   reader = input_pipeline.open_reader(config)
   tok = input_pipeline.get_tokenizer(config, workdir, reader)
   split = token_cache.load_or_build(reader, "train", tok, token_cache.cache_root(config, workdir))

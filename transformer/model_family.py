@@ -66,8 +66,8 @@ def lstm_config_for_params(target_params: int, base: ModelConfig) -> ModelConfig
   d = min((lo, hi), key=lambda x: abs(count(x) - target_params))
   d_kv = base.d_kv or (0 if d % base.num_heads == 0 else base.head_dim)
   config = dataclasses.replace(base, d_model=d, d_kv=d_kv, kind="lstm")
-  if param_count(config) != count(d):
-    raise RuntimeError(
-      f"rnn.closed_form_param_count is out of date with LSTMSeq2Seq: {param_count(config)} "
-      f"parameters counted, {count(d)} predicted for d_model={d}")
+  exact = param_count(config)
+  if exact != count(d):
+    raise RuntimeError(f"rnn.closed_form_param_count is out of date with LSTMSeq2Seq: {exact} "
+                       f"parameters counted, {count(d)} predicted for d_model={d}")
   return config
