@@ -15,8 +15,8 @@ True), over the first `--batches` training batches (steps 0, 1, ...) of the run'
   step          real (non-padding) source + target tokens per second of the training step on
                 this CPU, over `--timed_steps` steps after one untimed step of every shape
                 (bucketed batches have one shape per bucket, each compiled once); the two
-                layouts take turns in 4 slices, so that the load of a shared machine falls
-                on both alike
+                layouts take turns in 4 slices (fewer if there are fewer steps), so that
+                the load of a shared machine falls on both alike
 
 The vocabulary and token cache come from (or go into) `--workdir`, as for a training run. The
 model is the config's (override it on the command line, as in the WMT command above, where the
@@ -130,7 +130,8 @@ def time_training(configs: dict[str, Any], batches: dict[str, Any], steps: int,
   cuts = [steps * r // rounds for r in range(rounds + 1)]
   times, _ = measure.time_interleaved(
     {k: lambda i, s=s: s.run(cuts[i], cuts[i + 1]) for k, s in steppers.items()}, rounds)
-  return {k: {"timed_steps": steps, "timed_tokens_per_batch": configs[k].data.tokens_per_batch,
+  return {k: {"timed_steps": steps, "timed_turns": rounds,
+              "timed_tokens_per_batch": configs[k].data.tokens_per_batch,
               "compiled_shapes": compiled[k][0], "compile_seconds": compiled[k][1],
               "step_seconds": sum(times[k]) / steps,
               "real_tokens_per_second": sum(s.real) / sum(times[k])}
@@ -214,8 +215,8 @@ def write_report(path: str, config: Any, result: dict[str, Any], command: str,
       f"- Real tokens per second: non-padding source + target tokens of steps 0 to "
       f"{b['timed_steps'] - 1} (batches of {b['timed_tokens_per_batch']} tokens per side) "
       "over the wall time of those training steps (batches built beforehand, every shape "
-      "compiled before, the layouts taking turns in 4 slices); packed / bucketed = "
-      f"**{p['real_tokens_per_second'] / b['real_tokens_per_second']:.2f}x**.\n")
+      f"compiled before, the layouts taking turns in {b['timed_turns']} slices); packed / "
+      f"bucketed = **{p['real_tokens_per_second'] / b['real_tokens_per_second']:.2f}x**.\n")
   report.write_markdown(
     path + ".md", "Packed against bucketed training batches",
     f"Made by `experiments/packing_benchmark.py` (method in its docstring). Dataset "

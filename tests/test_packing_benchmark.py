@@ -31,6 +31,7 @@ def test_both_layouts_are_counted_timed_and_reported(tmp_path):
   assert packed["compiled_shapes"] == 1 and len(packed["shapes"]) == 1
   md = (tmp_path / "packing.md").read_text()
   assert "**real tokens per second**" in md and "packed / bucketed" in md
+  assert bucketed["timed_turns"] == 4 and "taking turns in 4 slices" in md
 
 
 def test_a_config_bad_for_either_layout_is_one_line_before_any_work(tmp_path):
