@@ -10,13 +10,19 @@ from transformer.model import ModelConfig
 def base_config() -> config_dict.ConfigDict:
   config = config_dict.ConfigDict()
   config.name = "base"
-  config.dataset = "numbers"  # numbers | wmt14
+  # numbers | wmt14 | text (your own files: configs/text.py) | a TFDS builder name, e.g.
+  # wmt14_translate/fr-en, wmt19_translate/de-en, ted_hrlr_translate/pt_to_en, para_crawl/ende.
+  config.dataset = "numbers"
   config.data_dir = config_dict.placeholder(str)  # TFDS data dir; None: TFDS's default
   config.seed = 0
 
   config.data = config_dict.ConfigDict()
   config.data.source_lang = "en"
   config.data.target_lang = "de"
+  # TFDS split strings of a TFDS corpus; slices and sums too: 'train[:10%]', 'train[5000:]'.
+  config.data.train_split = "train"
+  config.data.eval_split = "validation"
+  config.data.test_split = "test"
   config.data.vocab_size = 256
   config.data.spm_train_sentences = 20000
   config.data.max_source_len = 64  # tokens incl. EOS; longer training pairs are dropped
@@ -38,6 +44,10 @@ def base_config() -> config_dict.ConfigDict:
   config.model = config_dict.ConfigDict(dataclasses.asdict(ModelConfig()))
 
   config.label_smoothing = 0.1
+  # Gradient accumulation: each step runs its batch as this many micro-batches, one after the
+  # other, and makes one update with the whole batch's mean gradient (less activation memory,
+  # the same math; train_state.make_train_step). A checkpoint resumes with any value.
+  config.grad_accum_steps = 1
   config.optimizer = config_dict.ConfigDict()
   config.optimizer.b1 = 0.9
   config.optimizer.b2 = 0.98

@@ -12,9 +12,11 @@ sentence, so that all run the same number of steps:
     decoder (`decode_logits`) on the fixed-length [b, out_len] input of the tokens so far and
     takes position t's logits; its tokens must equal ours greedy (`same_tokens`);
   - with `peer='ctranslate2'`: CTranslate2 float32 and int8 (quantized at load) greedy and beam
-    search on the same weights, exported by `transformer.export`; the end token is forbidden
-    before `out_len` tokens and decoding stops there. Its length penalty is length ** alpha,
-    not the GNMT form: with every hypothesis of one length it changes no ranking.
+    search on the same weights, exported by `transformer.export`, given each source's tokens
+    without its EOS (the exported config appends it, as for any CTranslate2 user); the end
+    token is forbidden before `out_len` tokens and decoding stops there. Its length penalty
+    is length ** alpha, not the GNMT form: with every hypothesis of one length it changes no
+    ranking.
 
 Every round runs all decoders one after the other (`measure.time_interleaved`), so that a load
 change on a shared machine hits them alike; times are the best of `repeats` rounds after
@@ -127,7 +129,8 @@ def ct2_translators(model_dir: str, threads: int) -> dict[str, Any]:
 
 def ct2_decode(translator: Any, sources: list[list[str]], *, beam_size: int, alpha: float,
                out_len: int) -> list[list[str]]:
-  """CTranslate2's best hypothesis of each source, exactly `out_len` tokens long."""
+  """CTranslate2's best hypothesis of each source (its tokens without the EOS, which the
+  exported config appends), exactly `out_len` tokens long."""
   results = translator.translate_batch(
     sources, beam_size=beam_size, length_penalty=alpha if beam_size > 1 else 0.0,
     min_decoding_length=out_len, max_decoding_length=out_len, max_batch_size=0,
@@ -238,8 +241,9 @@ def time_decoders(params: Any, mc: ModelConfig, batches: list[np.ndarray],
       decoders[name] = lambda i, c=compiled: np.asarray(c(params, jnp.asarray(batches[i])))
       log(f"batch {b} {name[0]} {search}: compiled in {compile_s[name]:.1f} s")
     for impl, translator in translators.items():
+      # The rows end in EOS; CTranslate2 gets the tokens before it, as its users pass them.
       decoders[impl, search] = lambda i, t=translator, k=k: ct2_decode(
-        t, [[vocab[j] for j in row] for row in batches[i]], beam_size=k, alpha=alpha,
+        t, [[vocab[j] for j in row[:-1]] for row in batches[i]], beam_size=k, alpha=alpha,
         out_len=out_len)
   times, outputs = measure.time_interleaved(decoders, len(batches), warmup, log=log)
   results = []

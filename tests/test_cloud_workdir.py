@@ -6,12 +6,15 @@ bucket. Nothing is written to a local directory named `gs:`."""
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.parse
 import urllib.request
 
+from tests.gcs_emulator import emulator_env
 from tests.test_train import FAST_COMPILE, REPO, TINY, assert_same_run, run_main
 
 OVERRIDES = ["--config.num_train_steps=30", "--config.checkpoint_every_steps=5",
@@ -127,4 +130,41 @@ def test_unwritable_bucket_is_one_line(gcs):
   assert proc.returncode == 2, proc.stderr[-3000:]
   lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
   assert len(lines) == 1 and "gs://no-such-bucket/run" in lines[0], proc.stderr[-3000:]
+  assert "could not be reached" not in lines[0]  # the service answered: its own message
   assert "Traceback" not in proc.stderr
+
+
+def test_unreachable_storage_service_is_one_line_without_retries():
+  """A storage endpoint that drops every connection (as a dead network does): the main program
+  asks it once, then exits 2 with one line; gcsfs never gets to retry."""
+  listener = socket.socket()
+  listener.bind(("127.0.0.1", 0))
+  listener.listen(16)
+  connections = []
+
+  def drop():
+    while True:
+      try:
+        conn, _ = listener.accept()
+      except OSError:
+        return  # closed at the end of the test
+      connections.append(conn)
+      conn.close()
+
+  threading.Thread(target=drop, daemon=True).start()
+  url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+  try:
+    proc = run_main(*TINY, "--workdir=gs://no-such-bucket/run",
+                    env_extra={**emulator_env(url), "XLA_FLAGS": FAST_COMPILE}, timeout=300)
+  except subprocess.TimeoutExpired:
+    raise AssertionError(f"the main program did not exit within 300 s; {len(connections)} "
+                         f"connections to {url}") from None
+  finally:
+    listener.close()
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+  assert lines == [f"error: --workdir=gs://no-such-bucket/run: the storage service {url} could "
+                   f"not be reached (the connection was closed without an answer); check the "
+                   f"network connection and STORAGE_EMULATOR_HOST"], proc.stderr[-3000:]
+  assert "Traceback" not in proc.stderr and "retr" not in proc.stderr.lower(), proc.stderr
+  assert len(connections) == 1  # one request, no retry

@@ -1,11 +1,13 @@
 """Export to CTranslate2: its greedy and beam-4 outputs equal the project's on a trained model.
 
 A tiny model is trained for a few hundred steps (about 30 s), exported through the main
-program, and both libraries translate the same sentences. Beam search is compared with the
-length penalty off: the two libraries' penalties differ (transformer/export.py).
+program, and both libraries translate the same sentences, CTranslate2 given the SentencePiece
+pieces alone, as its users pass them. Beam search is compared with the length penalty off: the
+two libraries' penalties differ (transformer/export.py).
 """
 
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -15,6 +17,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
+import sentencepiece
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 
@@ -78,6 +81,8 @@ def exported(tmp_path_factory):
   assert proc.returncode == 0, _tail(proc)
   assert sorted(os.listdir(out)) == ["config.json", "model.bin", "shared_vocabulary.json",
                                      "spm.model"]
+  with open(os.path.join(out, "config.json")) as f:
+    assert json.load(f)["add_source_eos"] is True  # CTranslate2 appends the EOS itself
   return workdir, out
 
 
@@ -90,31 +95,34 @@ def _project_outputs(restored, config, sources, beam_size):
   return translator.translate_ids(restored.params, sources)
 
 
-def _ct2_outputs(model_dir, sources, beam_size, max_extra_len):
-  pieces = export.sentencepiece_pieces(open(os.path.join(model_dir, export.SPM_NAME), "rb").read())
-  ids = {piece: i for i, piece in enumerate(pieces)}
+def _ct2_outputs(model_dir, sentences, beam_size, max_extra_len):
+  """As a CTranslate2 user translates: the SentencePiece pieces of each sentence, nothing more
+  (no EOS appended), and the output pieces back to ids."""
+  sp = sentencepiece.SentencePieceProcessor(model_file=os.path.join(model_dir, export.SPM_NAME))
   translator = ctranslate2.Translator(model_dir, device="cpu", inter_threads=1, intra_threads=1)
   outputs = []
-  for src in sources:
-    # The project's longest output is len(src) + max_extra_len tokens with the EOS forced last;
-    # CTranslate2 stops at its limit without an EOS, so its limit is one less.
+  for sentence in sentences:
+    pieces = sp.encode(sentence, out_type=str)
+    # The project's longest output is len(source) + max_extra_len tokens with the EOS forced
+    # last (its source counts the EOS); CTranslate2 stops at its limit without an EOS.
     result = translator.translate_batch(
-      [[pieces[i] for i in src]], beam_size=beam_size, length_penalty=0.0,
+      [pieces], beam_size=beam_size, length_penalty=0.0,
       min_decoding_length=0,  # CTranslate2's default 1 forbids an empty output
-      max_decoding_length=len(src) + max_extra_len - 1,
+      max_decoding_length=len(pieces) + max_extra_len,
     )
-    outputs.append([ids[p] for p in result[0].hypotheses[0]])
+    outputs.append(sp.piece_to_id(result[0].hypotheses[0]))
   return outputs
 
 
 @pytest.mark.parametrize("beam_size", [1, 4])
-def test_ctranslate2_equals_project_decoding(exported, beam_size):
+def test_ctranslate2_given_pieces_alone_equals_project_decoding(exported, beam_size):
   workdir, out = exported
   config = _config()
   restored = infer.restore(config, workdir, average=1)
   sources = [restored.tokenizer.encode(s) for s in SENTENCES]
+  assert all(src[-1] == 1 for src in sources)  # the project's sources end in EOS
   ours = _project_outputs(restored, config, sources, beam_size)
-  theirs = _ct2_outputs(out, sources, beam_size, config.decode.max_extra_len)
+  theirs = _ct2_outputs(out, SENTENCES, beam_size, config.decode.max_extra_len)
   assert theirs == ours
   assert len({tuple(o) for o in ours}) > 1  # not one output for every input
 
@@ -135,8 +143,9 @@ def test_variants_greedy_random_weights(tmp_path, variant):
   decode = jax.jit(lambda p, x: translate.decode_tokens(p, x, mc, beam_size=1, alpha=0.0,
                                                          max_extra_len=5, max_len=14))
   ours = np.asarray(decode(params, jnp.asarray(src)))
+  # CTranslate2 gets the tokens without the EOS: the exported config appends it.
   result = ctranslate2.Translator(str(tmp_path / "m"), intra_threads=1).translate_batch(
-    [[vocab[i] for i in row] for row in src], beam_size=1, min_decoding_length=0,
+    [[vocab[i] for i in row[:-1]] for row in src], beam_size=1, min_decoding_length=0,
     max_decoding_length=13)
   theirs = [[vocab.index(t) for t in r.hypotheses[0]] for r in result]
   assert theirs == [_until_eos(row) for row in ours.tolist()]

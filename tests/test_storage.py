@@ -101,3 +101,62 @@ def test_local_file_lock_excludes_other_processes(tmp_path):
     assert p.wait(timeout=120) == 0
   events = [ln.split()[0] for ln in log.read_text().splitlines()]
   assert events == ["start", "end", "start", "end"]  # never two holders at once
+
+
+def test_gcs_urls_names_each_path_like_its_flag():
+  values = {"--workdir": "gs://b/run", "--config": {"data_dir": None, "data": {
+    "cache_dir": "gs://c/cache", "files": ["/local", "gcs://d/x.txt"]}}}
+  assert list(storage.gcs_urls(values)) == [
+    ("--workdir", "gs://b/run"), ("--config.data.cache_dir", "gs://c/cache"),
+    ("--config.data.files[1]", "gcs://d/x.txt")]
+
+
+@pytest.fixture
+def refused_port():
+  """A port bound but not listening: a connection to it is refused, and nothing else takes it."""
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    yield s.getsockname()[1]
+
+
+@pytest.mark.parametrize("host, why", [("http://127.0.0.1:{port}", "Connection refused"),
+                                       ("no-such-host.invalid:80", "DNS lookup failed")])
+def test_unreachable_storage_service_is_one_line_naming_the_path(monkeypatch, refused_port,
+                                                                 host, why):
+  endpoint = host.format(port=refused_port)
+  monkeypatch.setenv("STORAGE_EMULATOR_HOST", endpoint)
+  with pytest.raises(ConfigError) as info:
+    storage.check_reachable({"--workdir": "/local/run", "--config": {"data": {
+      "cache_dir": "gs://bucket/cache"}}})
+  message = str(info.value)
+  assert message.startswith("--config.data.cache_dir=gs://bucket/cache: the storage service ")
+  assert "could not be reached" in message and why in message and "\n" not in message
+
+
+def test_any_http_answer_means_reachable_and_local_paths_ask_nothing(monkeypatch,
+                                                                      refused_port):
+  import http.server
+  import threading
+
+  requests = []
+
+  class Forbidden(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802 - the http.server name
+      requests.append(self.path)
+      self.send_error(403)  # a missing permission is reported by the first real access
+
+    def log_message(self, *args):
+      pass
+
+  server = http.server.HTTPServer(("127.0.0.1", 0), Forbidden)
+  thread = threading.Thread(target=server.serve_forever, daemon=True)
+  thread.start()
+  try:
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"127.0.0.1:{server.server_address[1]}")
+    storage.check_reachable({"--workdir": "gs://bucket/run"})
+    assert requests == ["/storage/v1/b/bucket?fields=name"]
+  finally:
+    server.shutdown()
+    server.server_close()
+  monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{refused_port}")
+  storage.check_reachable({"--workdir": "/local/run", "--config": {"data_dir": None}})

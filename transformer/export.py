@@ -11,7 +11,7 @@ the project's ids), and the SentencePiece model as `spm.model` beside them:
     import ctranslate2, sentencepiece
     sp = sentencepiece.SentencePieceProcessor(model_file="DIR/spm.model")
     translator = ctranslate2.Translator("DIR")
-    source = sp.encode("seven", out_type=str) + ["</s>"]  # the project's sources end in EOS
+    source = sp.encode("seven", out_type=str)  # the pieces alone: CTranslate2 adds the EOS
     out = translator.translate_batch([source], beam_size=4, min_decoding_length=0)
     print(sp.decode(out[0].hypotheses[0]))
 
@@ -22,9 +22,11 @@ What maps, and how:
     embeddings (tied ones are written once and aliased), unrolled or scanned layers;
   - embeddings are scaled by sqrt(d_model) on both sides; LayerNorm epsilon is Flax's 1e-6;
   - the decoder starts from id 0 (the padding id, as `shift_right` does): the exported config
-    names piece 0 as CTranslate2's decoder start token and piece 1 as its end token. Sources
-    must be passed with their EOS, as `Tokenizer.encode` returns them. CTranslate2's
-    `min_decoding_length` defaults to 1 (no empty output); pass 0 to decode as the project does.
+    names piece 0 as CTranslate2's decoder start token and piece 1 as its end token;
+  - the project's sources end in EOS (`Tokenizer.encode`): the config sets `add_source_eos`,
+    so CTranslate2 appends it and callers pass the SentencePiece pieces alone, as for Marian
+    (OPUS-MT) or M2M-100 exports. CTranslate2's `min_decoding_length` defaults to 1 (no
+    empty output); pass 0 to decode as the project does.
 Refused with a `ConfigError`: the LSTM baseline and a custom d_kv.
 
 Beam search differs in two ways from `transformer.decode.beam_search`: CTranslate2 keeps K live
@@ -214,10 +216,12 @@ def build_spec(params: Any, mc: ModelConfig, vocabulary: Sequence[str]):
   spec.register_source_vocabulary(tokens)
   spec.register_target_vocabulary(tokens)
   spec.config.layer_norm_epsilon = LAYER_NORM_EPSILON
-  # The project's decoder input starts with id 0 and its sentences end with id 1.
+  # The project's decoder input starts with id 0 and its sentences end with id 1; CTranslate2
+  # appends that EOS to each source, so callers pass the pieces alone.
   spec.config.decoder_start_token = tokens[PAD_ID]
   spec.config.bos_token = tokens[PAD_ID]
   spec.config.eos_token = tokens[EOS_ID]
+  spec.config.add_source_eos = True
   spec.config.unk_token = tokens[UNK_ID]
   return spec
 

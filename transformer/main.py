@@ -131,6 +131,11 @@ def main(argv: list[str]) -> None:
     logging.info("No --workdir given: using %s", workdir)
     print(f"workdir: {workdir}", flush=True)
   try:
+    from transformer import storage
+
+    # Offline, gcsfs retries an unreachable bucket for minutes: ask the service once first.
+    storage.check_reachable({"--workdir": workdir, "--config": config.to_dict(),
+                             "TFDS_DATA_DIR": os.environ.get("TFDS_DATA_DIR")})
     if _MODE.value == "train":
       _train(config, workdir)
     elif _MODE.value == "translate":

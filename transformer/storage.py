@@ -16,7 +16,9 @@ temporary name and renames locally, and writes the object directly on a store. L
     when its process dies, so a killed build never blocks the next one.
 
 gs:// paths are served by gcsfs (etils.epath with `EPATH_USE_TF=false`, set by the main program
-before epath is imported), which also honours `STORAGE_EMULATOR_HOST` for offline tests.
+before epath is imported), which also honours `STORAGE_EMULATOR_HOST` for offline tests. gcsfs
+retries a failed connection for about two minutes, so the main program first asks the storage
+service once (`check_reachable`) and reports an unreachable one in one line at once.
 """
 
 from __future__ import annotations
@@ -24,14 +26,20 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import http.client
 import json
 import os
 import socket
+import ssl
 import tempfile
 import threading
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from etils import epath
 
@@ -89,6 +97,98 @@ def check_writable(workdir: PathLike, what: str = "--workdir") -> epath.Path:
   except Exception as e:  # noqa: BLE001 - OSError locally, many kinds on object stores
     raise ConfigError(f"{what}={os.fspath(workdir)} cannot be written: {_reason(e)}") from None
   return path
+
+
+GCS_SCHEMES = ("gs://", "gcs://")
+
+
+def gcs_endpoint() -> str:
+  """The GCS endpoint gcsfs talks to: `STORAGE_EMULATOR_HOST` (an emulator) if set, else
+  https://storage.googleapis.com."""
+  url = os.environ.get("STORAGE_EMULATOR_HOST", "")
+  if url in ("", "default"):
+    return "https://storage.googleapis.com"
+  return url if url.startswith(("http://", "https://")) else f"http://{url}"
+
+
+def gcs_urls(values: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
+  """(name, url) for every gs:// string in `values`, which maps a name (`--workdir`,
+  `--config`) to a path or to nested dicts and lists of values (a config's `to_dict()`); a
+  nested value is named like its override, e.g. `--config.data.cache_dir`."""
+  for name, value in values.items():
+    if isinstance(value, str | os.PathLike) and os.fspath(value).startswith(GCS_SCHEMES):
+      yield name, os.fspath(value)
+    elif isinstance(value, Mapping):
+      yield from gcs_urls({f"{name}.{k}": v for k, v in value.items()})
+    elif isinstance(value, list | tuple):
+      yield from gcs_urls({f"{name}[{i}]": v for i, v in enumerate(value)})
+
+
+def check_reachable(values: Mapping[str, Any], timeout: float = 5.0) -> None:
+  """Asks the storage service of the gs:// paths in `values` (see `gcs_urls`) once.
+
+  One HTTP request to `gcs_endpoint()`, without retries, proxies (gcsfs uses none) or
+  credentials; any HTTP answer, an error status included, means the service is reachable (a
+  missing bucket or a denied permission is reported by the first real access). A failed DNS
+  lookup, a refused or dropped connection, or no answer within `timeout` seconds is not:
+  gcsfs would retry it for about two minutes before failing.
+
+  Raises:
+    ConfigError: one line naming the first gs:// path, the endpoint and what failed.
+  """
+  urls = list(gcs_urls(values))
+  if not urls:
+    return
+  name, url = urls[0]
+  endpoint = gcs_endpoint()
+  bucket = url.split("://", 1)[1].split("/", 1)[0]
+  failure = _ask(f"{endpoint}/storage/v1/b/{urllib.parse.quote(bucket, safe='')}?fields=name",
+                 timeout)
+  if failure is not None:
+    raise ConfigError(f"{name}={url}: the storage service {endpoint} could not be reached "
+                      f"({failure}); check the network connection"
+                      + (" and STORAGE_EMULATOR_HOST" if "STORAGE_EMULATOR_HOST" in os.environ
+                         else ""))
+
+
+def _ask(url: str, timeout: float) -> str | None:
+  """Sends one GET to `url`; None if any HTTP answer came back, else why none did.
+
+  Runs in a daemon thread so that a DNS lookup, which has no timeout of its own, cannot hold
+  the caller past `timeout`.
+  """
+  outcome: list[str | None] = []
+
+  def request() -> None:
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+      with opener.open(url, timeout=timeout):
+        outcome.append(None)
+    except urllib.error.HTTPError:
+      outcome.append(None)  # An answer: the service is there.
+    except urllib.error.URLError as e:
+      outcome.append(_connection_failure(e.reason, timeout))
+    except (OSError, http.client.HTTPException) as e:
+      outcome.append(_connection_failure(e, timeout))
+
+  thread = threading.Thread(target=request, name="storage-probe", daemon=True)
+  thread.start()
+  thread.join(timeout + 1.0)
+  return outcome[0] if outcome else f"no answer within {timeout:.0f} s"
+
+
+def _connection_failure(e: BaseException | str, timeout: float) -> str | None:
+  if isinstance(e, ssl.SSLError):
+    return None  # Something answered; the clients' own TLS error is more specific.
+  if isinstance(e, socket.gaierror):
+    return f"DNS lookup failed: {e.strerror or e}"
+  if isinstance(e, TimeoutError):
+    return f"no answer within {timeout:.0f} s"
+  if isinstance(e, http.client.RemoteDisconnected):
+    return "the connection was closed without an answer"
+  if isinstance(e, OSError) and e.strerror:
+    return e.strerror
+  return str(e) or type(e).__name__
 
 
 def _reason(e: BaseException) -> str:

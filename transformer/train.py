@@ -24,7 +24,7 @@ from transformer import bleu as bleu_lib
 from transformer import sharding as sharding_lib
 from transformer import storage
 from transformer.checkpoint import Checkpointer, average_params, check_meta, run_meta
-from transformer.data import input_pipeline
+from transformer.data import corpora, input_pipeline
 from transformer.errors import ConfigError
 from transformer.metrics import MetricWriter, summarize
 from transformer.model import ModelConfig
@@ -65,7 +65,7 @@ class Trainer:
     self._init = jax.jit(lambda rng: nn.unbox(init_boxed(rng)),
                          out_shardings=self.state_shardings)
     self._train_step = jax.jit(
-      make_train_step(self.model, self.tx, config.label_smoothing),
+      make_train_step(self.model, self.tx, config.label_smoothing, config.grad_accum_steps),
       in_shardings=(self.state_shardings, batch, replicated),
       out_shardings=(self.state_shardings, replicated),
       donate_argnums=0,
@@ -343,7 +343,7 @@ def final_evaluation(config: Any, trainer: Trainer, translator: Translator, para
   test_bleu, test_hyps = bleu_on(translator, params, tokenizer, test,
                                  os.path.join(out, f"{tag}test_{step}.txt"))
   final[f"{tag}test/bleu"] = test_bleu.score
-  if config.dataset == "wmt14":
+  if corpora.is_wmt(config.dataset):
     final[f"{tag}test/bleu_tokenized"] = bleu_lib.tokenized_bleu(
       test_hyps, [t for _, t in test]).score
   n = config.num_samples_to_print

@@ -92,26 +92,88 @@ def _tree_norm(tree) -> Array:
   return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree)))
 
 
+def split_micro_batches(batch: dict[str, Array], k: int) -> dict[str, Array]:
+  """The rows of `batch` dealt into k micro-batches: every [R, ...] -> [k, ceil(R / k), ...].
+
+  Micro-batch i holds rows i, i + k, i + 2k, ... Rows are split over the devices in contiguous
+  blocks, so dealing them (rather than cutting k blocks) gives every micro-batch rows on every
+  device that holds at least k rows, evenly when each holds a multiple of k. R not divisible by
+  k is padded with all-zero rows at the end first: they add nothing to any sum of the step, as
+  token 0 is padding (loss weight 0) and segment 0 is packing's padding (`data.packing`).
+  """
+  rows = batch["inputs"].shape[0]
+  padded = -(-rows // k) * k
+  out = {}
+  for name, x in batch.items():
+    x = jnp.pad(x, [(0, padded - rows)] + [(0, 0)] * (x.ndim - 1))
+    # [R', ...] -> [R'/k, k, ...] keeps each device's block of rows in place; then k first.
+    x = jnp.moveaxis(x.reshape(padded // k, k, *x.shape[1:]), 1, 0)
+    out[name] = nn.with_logical_constraint(x, (None, "batch", "length"))
+  return out
+
+
 def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
-                    label_smoothing: float) -> Callable:
+                    label_smoothing: float, grad_accum_steps: int = 1) -> Callable:
   """Returns the pure `train_step(state, batch, rng) -> (state, metrics)`.
 
   batch: {'inputs': int32 [b, s], 'targets': int32 [b, t]}, and for packed rows also the
   segment and position keys of `data.packing.PACKING_KEYS`; rng: the run's seed key.
+
+  `grad_accum_steps` = k > 1 runs the forward and backward passes over k micro-batches of about
+  b / k rows (`split_micro_batches`: rows i, i + k, ...; all-zero rows pad b to a multiple of
+  k) one after the other in a `lax.scan`, so activations are held for one micro-batch at a
+  time, then makes ONE optimizer update. The gradients of the micro-batches' loss SUMS, their
+  loss sums and their token counts are summed (float32, like the parameters), and the sums are
+  divided once by the token count of the whole batch: the loss is the mean over all its tokens
+  as with k = 1, not a mean of micro-batch means. Micro-batch i draws its dropout masks from
+  `fold_in(fold_in(rng, step), i)`. Metrics are the whole batch's, as with k = 1; k = 1 is
+  the single pass, unchanged.
   """
+  if isinstance(grad_accum_steps, bool) or not isinstance(grad_accum_steps, int) or (
+      grad_accum_steps < 1):
+    raise ValueError(f"grad_accum_steps must be an integer >= 1, got {grad_accum_steps!r}")
+
+  def apply_and_sum(params, batch, dropout_rng):
+    logits = model.apply({"params": params}, batch["inputs"], batch["targets"], train=True,
+                         rngs={"dropout": dropout_rng}, **packing_kwargs(batch))
+    return loss_sums(logits, batch["targets"], label_smoothing)
+
+  def loss_fn(params, batch, dropout_rng):
+    sums = apply_and_sum(params, batch, dropout_rng)
+    # Mean over the tokens of the whole global batch, so the number of devices never
+    # changes the math.
+    return sums["loss"] / jnp.maximum(sums["tokens"], 1.0), sums
+
+  def sum_fn(params, batch, dropout_rng):
+    sums = apply_and_sum(params, batch, dropout_rng)
+    return sums["loss"], sums
+
+  def accumulate(params, batch, dropout_rng):
+    """(mean loss, sums, mean-loss gradients) of the whole batch, over k micro-batches."""
+    micro = split_micro_batches(batch, grad_accum_steps)
+    grad_of_sum = jax.grad(sum_fn, has_aux=True)
+
+    def body(carry, xs):
+      i, mb = xs
+      mb = {name: nn.with_logical_constraint(x, ("batch", "length")) for name, x in mb.items()}
+      grads, sums = grad_of_sum(params, mb, jax.random.fold_in(dropout_rng, i))
+      add = lambda acc, x: acc + x.astype(jnp.float32)
+      return jax.tree.map(add, carry, (grads, sums)), None
+
+    first = jax.tree.map(lambda x: x[0], micro)
+    shapes = jax.eval_shape(grad_of_sum, params, first, dropout_rng)
+    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32), shapes)
+    (grad_sums, sums), _ = jax.lax.scan(body, zeros, (jnp.arange(grad_accum_steps), micro))
+    tokens = jnp.maximum(sums["tokens"], 1.0)
+    return sums["loss"] / tokens, sums, jax.tree.map(lambda g: g / tokens, grad_sums)
 
   def train_step(state: TrainState, batch: dict[str, Array], rng: Array):
     dropout_rng = jax.random.fold_in(rng, state.step)
-
-    def loss_fn(params):
-      logits = model.apply({"params": params}, batch["inputs"], batch["targets"], train=True,
-                           rngs={"dropout": dropout_rng}, **packing_kwargs(batch))
-      sums = loss_sums(logits, batch["targets"], label_smoothing)
-      # Mean over the tokens of the whole global batch, so the number of devices never
-      # changes the math.
-      return sums["loss"] / jnp.maximum(sums["tokens"], 1.0), sums
-
-    (loss, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    if grad_accum_steps == 1:
+      (loss, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch,
+                                                                      dropout_rng)
+    else:
+      loss, sums, grads = accumulate(state.params, batch, dropout_rng)
     grad_norm = _tree_norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     updates, new_opt_state = tx.update(grads, state.opt_state, state.params)

@@ -10,7 +10,9 @@ from transformer.errors import ConfigError
 from transformer.model import ModelConfig
 from transformer.model_family import KINDS
 
-DATASETS = ("numbers", "wmt14")
+# Besides these, `dataset` may be any TFDS builder name (checked against TFDS when the data
+# is opened, transformer/data/corpora.py).
+DATASETS = ("numbers", "wmt14", "text")
 NONFINITE = ("skip", "stop")
 
 
@@ -51,8 +53,21 @@ def model_config(config: Any) -> ModelConfig:
 
 def validate(config: Any, num_devices: int) -> ModelConfig:
   """Checks every field; returns the model config. Raises ConfigError (one line)."""
-  if _get(config, "dataset") not in DATASETS:
-    raise ConfigError(f"dataset={config.dataset!r}: must be one of {', '.join(DATASETS)}")
+  dataset = _get(config, "dataset")
+  if not isinstance(dataset, str) or not dataset.strip():
+    raise ConfigError(f"dataset={dataset!r}: must be one of {', '.join(DATASETS)} or a TFDS "
+                      "builder name such as 'wmt14_translate/fr-en'")
+  for field in ("data.source_lang", "data.target_lang", "data.train_split", "data.eval_split",
+                "data.test_split"):
+    value = config.data.get(field[len("data."):], "-")
+    if not isinstance(value, str) or not value.strip():
+      raise ConfigError(f"{field}={value!r}: must be a non-empty string")
+  if dataset == "text":
+    files = config.data.get("train_files")
+    if not (files if isinstance(files, str | None) else any(dict(files).values())):
+      raise ConfigError("data.train_files: not set; dataset='text' trains on your own files "
+                        "(configs/text.py documents the fields)")
+    _int(config, "data.heldout_pairs", 1)
   mc = model_config(config)
   if mc.kind not in KINDS:
     raise ConfigError(f"model.kind={mc.kind!r}: must be one of {', '.join(KINDS)}")
@@ -136,5 +151,6 @@ def validate(config: Any, num_devices: int) -> ModelConfig:
   # A batch with fewer examples than data-parallel devices is padded with all-zero rows
   # (input_pipeline.TrainBatches), so the batches never depend on the mesh.
   _int(config, "data.tokens_per_batch", 1)
+  _int(config, "grad_accum_steps", 1)
 
   return mc

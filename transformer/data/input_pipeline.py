@@ -43,64 +43,22 @@ import numpy as np
 from absl import logging
 
 from transformer import storage
-from transformer.data import token_cache
+from transformer.data import corpora, token_cache
 from transformer.data.batch_rows import check_process, padded_rows, process_rows
 from transformer.data.errors import DataError
 from transformer.data.packing import PackedBatches
-from transformer.data.tfds_io import SplitReader, data_dir_of, import_tensorflow, require_prepared
+from transformer.data.corpora import Reader
 from transformer.data.token_cache import TokenizedSplit
 from transformer.data.tokenizer import EOS_ID, Tokenizer, VocabSizeError
 
 SPLITS = ("train", "validation", "test")
-WMT14_NAME = "wmt14_translate/de-en"
-_LANGS = ("en", "de")
 
 Batch = dict[str, np.ndarray]
 
 
-def _language_pair(config: Any) -> tuple[str, str]:
-  src, tgt = config.data.source_lang, config.data.target_lang
-  if sorted((src, tgt)) != sorted(_LANGS):
-    raise DataError(
-      "config.data.source_lang and config.data.target_lang must be 'en' and 'de' "
-      f"(either order), got {src!r} and {tgt!r}"
-    )
-  return src, tgt
-
-
-def open_reader(config: Any) -> SplitReader:
-  """The corpus of `config.dataset`, in the direction source_lang -> target_lang.
-
-  'numbers' generates the embedded corpus into the data dir if it is not there yet (offline;
-  ~20 s for the default 200k pairs, ~1 s for `config.data.numbers_variant='tiny'`; concurrent
-  processes build it once). 'wmt14' opens prepared `wmt14_translate/de-en` (validation is
-  newstest2013, test newstest2014) and raises `DataError` at once if it is not prepared,
-  unless `config.data.download` allows TFDS to download and prepare it.
-  """
-  src, tgt = _language_pair(config)
-  data_dir = data_dir_of(config)
-  if config.dataset == "numbers":
-    from transformer.data import numbers
-
-    variant = config.data.get("numbers_variant", "default")
-    if variant not in numbers.NumbersTranslate.builder_configs:
-      raise DataError(
-        f"config.data.numbers_variant must be one of "
-        f"{sorted(numbers.NumbersTranslate.builder_configs)}, got {variant!r}"
-      )
-    return SplitReader(numbers.build_numbers(data_dir, variant), src, tgt)
-  if config.dataset == "wmt14":
-    import_tensorflow()
-    import tensorflow_datasets as tfds
-
-    builder = tfds.builder(WMT14_NAME, data_dir=data_dir)
-    # Offline, a download retries for minutes: only try it when the user asks.
-    if config.data.get("download", False) and not builder.is_prepared():
-      builder.download_and_prepare()
-    require_prepared(builder, WMT14_NAME, data_dir)
-    # The files hold (de, en): the keys pick the direction.
-    return SplitReader(builder, src, tgt)
-  raise DataError(f"config.dataset must be 'numbers' or 'wmt14', got {config.dataset!r}")
+def open_reader(config: Any) -> Reader:
+  """The corpus of `config.dataset`, checked before any work (see `corpora.open_corpus`)."""
+  return corpora.open_corpus(config)
 
 
 def load_splits(config: Any) -> dict[str, list[tuple[str, str]]]:
@@ -112,7 +70,7 @@ def load_splits(config: Any) -> dict[str, list[tuple[str, str]]]:
   return {split: reader.read_pairs(split) for split in SPLITS}
 
 
-def vocabulary_sample(reader: SplitReader, n: int, seed: int) -> Iterator[bytes]:
+def vocabulary_sample(reader: Reader, n: int, seed: int) -> Iterator[bytes]:
   """Both sides of `n` training pairs drawn without replacement with `seed`, in file order.
 
   The pairs are chosen by index and picked out of the stream, so the corpus is never held in
@@ -138,7 +96,7 @@ def vocab_path(workdir: str | os.PathLike) -> str:
   return os.fspath(storage.as_path(workdir) / "vocab" / "spm.model")
 
 
-def get_tokenizer(config: Any, workdir: str, reader: SplitReader | None, *,
+def get_tokenizer(config: Any, workdir: str, reader: Reader | None, *,
                   builder: bool = True, wait_timeout: float = 4 * 3600) -> Tokenizer:
   """Loads `<workdir>/vocab/spm.model`, or trains it on a sample of the training pairs.
 
@@ -149,13 +107,29 @@ def get_tokenizer(config: Any, workdir: str, reader: SplitReader | None, *,
   `config.seed` (`vocabulary_sample`), so training is deterministic and a resumed run reuses
   the stored vocabulary. Only a `builder` process (process 0) trains; the others wait for
   its file.
+
+  The vocabulary is keyed by the corpus: `<workdir>/vocab/corpus.sha256` holds the reader's
+  fingerprint (the files' contents for a text corpus), and a stored vocabulary of another
+  corpus (e.g. an edited file) is a `DataError`, never silently reused.
   """
   path = storage.as_path(vocab_path(workdir))
+  corpus = path.parent / "corpus.sha256"
   if not builder:
     storage.wait_for(path, wait_timeout, "the vocabulary")
+  fingerprint = reader.fingerprint() if reader is not None and builder else None
   if path.exists():
     tok = Tokenizer.load(path)
+    if fingerprint is not None:
+      if not corpus.exists():  # a workdir from before the key was kept: adopt it
+        storage.write_atomic(corpus, fingerprint)
+      elif corpus.read_text().strip() != fingerprint:
+        raise DataError(
+          f"{path} was trained on other data than {config.dataset!r} is now (a changed file or "
+          "split): use a new --workdir, or delete its vocab/, cache/ and checkpoints/"
+        )
   else:
+    if fingerprint is not None:
+      storage.write_atomic(corpus, fingerprint)
     if reader is None or reader.num_examples("train") == 0:
       raise DataError("cannot train a vocabulary: the training split is empty")
     texts = vocabulary_sample(reader, int(config.data.spm_train_sentences), config.seed)
@@ -440,7 +414,7 @@ class Pipeline:
   references: dict[str, list[tuple[str, str]]]  # 'validation' and 'test' (source, target).
 
 
-def evaluation_data(config: Any, reader: SplitReader, tokenizer: Tokenizer, batch_multiple: int,
+def evaluation_data(config: Any, reader: Reader, tokenizer: Tokenizer, batch_multiple: int,
                     *, process_index: int = 0, process_count: int = 1
                     ) -> tuple[dict[str, list[Batch]], dict[str, list[tuple[str, str]]]]:
   """Batches (this process's rows) and reference pairs of 'validation' and 'test'."""
@@ -460,7 +434,7 @@ def build_pipeline(
   batch_multiple: int,
   process_index: int = 0,
   process_count: int = 1,
-  reader: SplitReader | None = None,
+  reader: Reader | None = None,
 ) -> Pipeline:
   """`open_reader` -> `get_tokenizer` -> cached tokenized training split -> batches.
 

@@ -1,0 +1,252 @@
+"""The documentation (README.md and docs/*.md) against the code.
+
+- Every ```python block runs (with the repository on the path and as the working directory).
+- Every `python -m transformer.main ...` or `python -m experiments.X ...` command of a
+  ```bash / ```sh / ```shell block is parsed by that module's own flag parser, without running
+  it: the flags exist, their values parse, `--config=path[:variant]` loads with the file's
+  `get_config(arg)`, and every `--config.a.b=...` override names a field of that config.
+- Every relative link resolves to a file of the repository, and an anchor to a heading of it.
+"""
+
+import ast
+import importlib
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Documentation files, relative to ROOT: the README and every page under docs/.
+DOC_FILES = ["README.md"] + sorted(
+  os.path.join("docs", f) for f in os.listdir(os.path.join(ROOT, "docs")) if f.endswith(".md"))
+SHELL_LANGUAGES = {"bash", "sh", "shell"}
+# Command modules whose flags the doc tests parse.
+CHECKED_MODULES = re.compile(r"^(transformer\.main|experiments\.\w+)$")
+FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
+
+
+def read(path: str) -> str:
+  with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+    return f.read()
+
+
+def code_blocks(path: str) -> Iterator[tuple[str, int, str]]:
+  """(language, line of the opening fence, code) of each fenced block of a markdown file."""
+  text = read(path)
+  for m in FENCE.finditer(text):
+    yield m.group(1).lower(), text.count("\n", 0, m.start()) + 1, m.group(2)
+
+
+def blocks(languages: set[str]) -> list[tuple[str, int, str]]:
+  return [(path, line, code) for path in DOC_FILES for lang, line, code in code_blocks(path)
+          if lang in languages]
+
+
+# ----------------------------------------------------------------------------- python blocks
+
+PYTHON_BLOCKS = blocks({"python"})
+
+
+def test_docs_have_python_blocks():
+  assert PYTHON_BLOCKS, "no ```python block found in " + ", ".join(DOC_FILES)
+
+
+@pytest.mark.parametrize("path,line,code", PYTHON_BLOCKS,
+                         ids=[f"{p}:{n}" for p, n, _ in PYTHON_BLOCKS])
+def test_python_block_runs(path, line, code, monkeypatch):
+  monkeypatch.chdir(ROOT)
+  exec(compile(code, f"{path}:{line}", "exec"), {"__name__": "__docs__"})  # noqa: S102
+
+
+# ----------------------------------------------------------------------------- shell commands
+
+# Shell operators that end one command and start the next.
+SEPARATORS = {"|", "||", "&&", ";", "&"}
+REDIRECTS = {">", ">>", "<", "2>", "&>"}
+
+
+def shell_commands(code: str) -> Iterator[list[str]]:
+  """The simple commands of a shell block, as argv lists (comments, `\\` line continuations,
+  pipes, `&&`, `;` and redirections handled; no variable expansion)."""
+  for line in code.replace("\\\n", " ").splitlines():
+    lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    command: list[str] = []
+    stopped = False
+    for token in lexer:
+      if token in SEPARATORS:
+        if command:
+          yield command
+        command, stopped = [], False
+      elif token in REDIRECTS:
+        stopped = True  # the rest is the redirection's target
+      elif not stopped:
+        command.append(token)
+    if command:
+      yield command
+
+
+def module_invocation(argv: list[str]) -> tuple[str, list[str]] | None:
+  """(module, its arguments) for `[VAR=value ...] [nice -n N] python -m MODULE ARGS...`."""
+  for i, token in enumerate(argv[:-2]):
+    if os.path.basename(token) in ("python", "python3") and argv[i + 1] == "-m":
+      return argv[i + 2], argv[i + 3:]
+  return None
+
+
+def documented_commands() -> list[tuple[str, list[str], str]]:
+  """(module, argv, 'file:line') of every checked command in the documentation."""
+  found = []
+  for path, line, code in blocks(SHELL_LANGUAGES):
+    for argv in shell_commands(code):
+      invocation = module_invocation(argv)
+      if invocation and CHECKED_MODULES.match(invocation[0]):
+        found.append((invocation[0], invocation[1], f"{path}:{line}"))
+  return found
+
+
+def test_shell_command_parsing():
+  code = ('XLA_FLAGS= python -m experiments.decode_benchmark --a=1 \\\n  --b="x y"  # note\n'
+          'echo "seven" | python -m transformer.main --mode=translate && ls > out.txt\n'
+          'pip install -r requirements.txt; nice -n 19 python3 -m experiments.heads\n')
+  commands = list(shell_commands(code))
+  assert commands == [
+    ["XLA_FLAGS=", "python", "-m", "experiments.decode_benchmark", "--a=1", "--b=x y"],
+    ["echo", "seven"], ["python", "-m", "transformer.main", "--mode=translate"], ["ls"],
+    ["pip", "install", "-r", "requirements.txt"],
+    ["nice", "-n", "19", "python3", "-m", "experiments.heads"]]
+  assert [module_invocation(c) for c in commands] == [
+    ("experiments.decode_benchmark", ["--a=1", "--b=x y"]), None,
+    ("transformer.main", ["--mode=translate"]), None, None, ("experiments.heads", [])]
+
+
+def flags_parser_of(module) -> object:
+  """The flag parser that `module`'s `app.run(main, flags_parser=...)` uses: the expression is
+  read from the module's source and evaluated in the module's namespace."""
+  tree = ast.parse(open(module.__file__, encoding="utf-8").read())
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Call) and ast.unparse(node.func) == "app.run":
+      for keyword in node.keywords:
+        if keyword.arg == "flags_parser":
+          return eval(ast.unparse(keyword.value), vars(module))  # noqa: S307
+  raise AssertionError(f"{module.__name__}: no app.run(..., flags_parser=...) found")
+
+
+def check_commands(commands: list[tuple[str, list[str], str]]) -> list[str]:
+  """Parses every (module, argv, where) with its module's flag parser, in this process; returns
+  one line per command that fails. Each module's flags are removed again after its commands,
+  so that the next module can define its own."""
+  from absl import flags
+
+  FLAGS = flags.FLAGS
+  errors = []
+  by_module: dict[str, list[tuple[list[str], str]]] = {}
+  for module_name, argv, where in commands:
+    by_module.setdefault(module_name, []).append((argv, where))
+  for module_name, runs in by_module.items():
+    before = set(FLAGS)
+    try:
+      module = importlib.import_module(module_name)
+      parse = flags_parser_of(module)
+    except Exception as e:  # noqa: BLE001 - reported as the documentation's error
+      errors.append(f"{runs[0][1]}: python -m {module_name}: {type(e).__name__}: {e}")
+      continue
+    for argv, where in runs:
+      full = [module_name, *argv]
+      for name in [n for n in FLAGS if "." in n]:  # the last command's override flags
+        delattr(FLAGS, name)
+      FLAGS.unparse_flags()
+      sys.argv = full  # ml-collections reads the overrides from sys.argv
+      try:
+        rest = parse(full)
+        for name in list(FLAGS):
+          flag = FLAGS[name]
+          getattr(flag.value, "to_dict", None)  # a config file loads on first use: use it now
+        if rest[1:]:
+          raise ValueError(f"unexpected arguments {rest[1:]}")
+      except SystemExit as e:
+        errors.append(f"{where}: {shlex.join(['python', '-m', *full])}: exit {e.code} "
+                      "(its error line is above)")
+      except Exception as e:  # noqa: BLE001
+        errors.append(f"{where}: {shlex.join(['python', '-m', *full])}: "
+                      f"{type(e).__name__}: {e}")
+    for name in set(FLAGS) - before:
+      delattr(FLAGS, name)
+  return errors
+
+
+def test_documented_commands_parse():
+  commands = documented_commands()
+  modules = {m for m, _, _ in commands}
+  assert "transformer.main" in modules and any(m.startswith("experiments.") for m in modules)
+  script = ("import json, sys\nfrom tests.test_docs import check_commands\n"
+            "print(json.dumps(check_commands(json.load(sys.stdin))))\n")
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "2"}
+  proc = subprocess.run([sys.executable, "-c", script], input=json.dumps(commands), cwd=ROOT,
+                        env=env, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  errors = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert not errors, "\n".join(errors) + "\n" + proc.stderr[-3000:]
+
+
+def test_check_commands_catches_bad_commands():
+  """The checker fails an unknown flag, an unknown config field, a bad value and a missing
+  config file (so that the test above can fail)."""
+  bad = [["--config=configs/numbers.py", "--nope=1"],
+         ["--config=configs/numbers.py", "--config.model.nope=1"],
+         ["--config=configs/numbers.py", "--config.model.num_heads=four"],
+         ["--config=configs/missing.py"],
+         ["--config=configs/wmt.py:nope"]]
+  commands = [("transformer.main", argv, f"case{i}") for i, argv in enumerate(bad)]
+  commands.append(("transformer.main", ["--config=configs/wmt.py:big", "--mode=average"], "ok"))
+  script = ("import json, sys\nfrom tests.test_docs import check_commands\n"
+            "print(json.dumps(check_commands(json.load(sys.stdin))))\n")
+  proc = subprocess.run([sys.executable, "-c", script], input=json.dumps(commands), cwd=ROOT,
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  errors = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert sorted(e.split(":")[0] for e in errors) == [f"case{i}" for i in range(len(bad))], errors
+
+
+# ----------------------------------------------------------------------------- links
+
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+
+
+def heading_anchors(path: str) -> set[str]:
+  """GitHub's anchors for the headings of a markdown file (lower case, punctuation dropped,
+  spaces to hyphens, -1, -2, ... for repeats)."""
+  text = FENCE.sub("", read(path))
+  anchors, seen = set(), {}
+  for m in re.finditer(r"^#{1,6}\s+(.+?)\s*#*\s*$", text, re.MULTILINE):
+    slug = re.sub(r"[^\w\- ]", "", m.group(1).lower()).replace(" ", "-")
+    anchors.add(slug if slug not in seen else f"{slug}-{seen[slug]}")
+    seen[slug] = seen.get(slug, 0) + 1
+  return anchors
+
+
+def relative_links(path: str) -> list[str]:
+  text = re.sub(r"`[^`\n]*`", "", FENCE.sub("", read(path)))  # not in code
+  return [t for t in LINK.findall(text) if not re.match(r"^[a-z][a-z0-9+.-]*:", t)]
+
+
+@pytest.mark.parametrize("path", DOC_FILES)
+def test_relative_links_resolve(path):
+  broken = []
+  for target in relative_links(path):
+    file, _, anchor = target.partition("#")
+    resolved = os.path.normpath(os.path.join(os.path.dirname(path), file)) if file else path
+    if resolved.startswith("..") or not os.path.exists(os.path.join(ROOT, resolved)):
+      broken.append(f"{target} (no file {resolved} in the repository)")
+    elif anchor and resolved.endswith(".md") and anchor not in heading_anchors(resolved):
+      broken.append(f"{target} (no heading #{anchor} in {resolved})")
+  assert not broken, f"{path}: " + "; ".join(broken)
+
+
+def test_heading_anchors():
+  assert heading_anchors("README.md") >= {"attention-is-all-you-need-in-jaxflax"}
