@@ -77,6 +77,12 @@ def base_config() -> config_dict.ConfigDict:
   config.nonfinite = "skip"
   config.max_consecutive_nonfinite = 10
 
+  # JAX's persistent compilation cache (transformer/compilation.py): None: a local directory
+  # beside the token cache's local copies (also for a gs:// workdir); '': no cache.
+  config.compilation_cache_dir = config_dict.placeholder(str)
+  # A jax.profiler trace of steps FIRST:LAST (e.g. '200:205') in <workdir>/profile; '': none.
+  config.profile_steps = ""
+
   # Device mesh; -1 takes the remaining devices.
   config.mesh = config_dict.ConfigDict()
   config.mesh.data = -1

@@ -1,4 +1,4 @@
-"""Our training step against the PyTorch peer, alternated in one session, with ratios.
+"""Our training step against the PyTorch peer, alternated in one run, with ratios.
 
     python -m venv /tmp/torch-peer && /tmp/torch-peer/bin/pip install -r requirements-peer.txt
     python -m experiments.compare_peer --peer_python=/tmp/torch-peer/bin/python
@@ -106,7 +106,7 @@ def write_report(path: str, records: list[dict[str, Any]], command: str) -> str:
     f"{r['ours_step_cpu_s']:.2f}", f"{r['compile_s']:.1f}", f"{r['temp_mib']:.0f}",
   ] for r in rows]
   return report_lib.write_markdown(
-    path, "Our training step against the PyTorch peer, alternated in one session",
+    path, "Our training step against the PyTorch peer, alternated in one run",
     "Made by `experiments/compare_peer.py` (method in its docstring); every run's JSON line "
     f"is in `{os.path.basename(_OUT.value)}.jsonl`. Tokens/s count source + target tokens; "
     "each side's best run, ratio = our best / the peer's best. Model FLOPs per step: "

@@ -10,9 +10,9 @@ others' results:
 - the base model's training step (configs/wmt.py:base, bfloat16) at about 25,000 tokens per
   side per batch, with `xla` and `cudnn` attention, on bucket-like rows (392 x 64 tokens) and
   on packed rows (98 x 256 tokens, 8 segments per row with segment ids and positions): step
-  time, tokens/s, model FLOPs utilisation against the GPU's dense bfloat16 peak (PEAK_BF16,
-  from NVIDIA's data sheets) and against a bfloat16 matmul measured in the same run, compile
-  time and XLA's memory analysis;
+  time, tokens/s, model FLOPs utilisation against the GPU's dense bfloat16 peak
+  (`transformer.hardware.peak_of`, from NVIDIA's data sheets) and against a bfloat16 matmul
+  measured in the same run, compile time and XLA's memory analysis;
 - beam search (beam 4, alpha 0.6, batch 32, 64 output tokens) of the base model in bfloat16:
   output tokens per second.
 
@@ -29,14 +29,11 @@ from typing import Any
 from absl import app, flags
 
 from transformer.errors import fail, parse_flags
+from transformer.hardware import peak_of
 
 _SMOKE = flags.DEFINE_bool("smoke", False, "Tiny shapes on any machine: the path, not the speed.")
 _OUT = flags.DEFINE_string("out", os.path.join("experiments", "results"), "Directory of gpu.md.")
 _TIMEOUT = flags.DEFINE_integer("timeout_s", 110, "Time limit of each measurement (seconds).")
-
-# Dense bfloat16 tensor-core peaks, FLOP/s (NVIDIA data sheets: H100 SXM and H200 1,979
-# TFLOPS, A100 624, L4 242.5, all "with sparsity", which is twice the dense rate).
-PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L4": 121e12}
 
 FULL = {"config": ["--config=configs/wmt.py:base", "--config.model.dtype=bfloat16",
                    "--config.mesh.data=1"],
@@ -64,10 +61,6 @@ def run_json(module: str, args: list[str], timeout: float) -> dict[str, Any]:
     return measure.run_json([sys.executable, "-m", module, *args], timeout)
   except RuntimeError as e:
     return {"error": str(e)}
-
-
-def peak_of(device_kind: str) -> float | None:
-  return next((v for k, v in PEAK_BF16.items() if k in device_kind), None)
 
 
 def main(argv: list[str]) -> None:

@@ -12,12 +12,20 @@ workdir (vocabulary and cache present). Each start goes through the library's ow
   vocabulary    `get_tokenizer` (the sample streamed by index, SentencePiece training)
   token cache   `token_cache.load_or_build` (stream, tokenize, write; or memory-map)
   batch plan    `train_batches` (bucketed or packed), its first epoch, the evaluation splits
-  first step    the sharded init, compile and one training step of the model
+  first step    the sharded init, the ahead-of-time compile of every training and evaluation
+                batch shape (`Trainer.precompile`, as training does), and one training step
 
 and reports the wall time and the peak resident memory (RSS, sampled every 50 ms) of each, then
 the host's batch rate (batches built ahead by the training loop's thread: gather, pad, transfer)
 against the rate an accelerator would consume, and the fraction of real tokens in the batches.
 The model is tiny by default (`--tiny_model`), so that the data path dominates.
+
+JAX's persistent compilation cache (transformer/compilation.py) is measured too: the first
+start fills a cache directory; the restart runs with an empty one (as without the cache), and a
+third start, the same restart with the first start's cache, loads the compiled programs instead
+of compiling them. The report compares the two restarts' compile time and time to the first
+step (`--config=configs/numbers.py --notiny_model` measures it on a model that takes seconds to
+compile).
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -33,6 +42,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from experiments import measure, report
+from transformer import hardware
 from transformer.errors import fail, parse_flags
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/wmt.py.",
@@ -44,12 +54,15 @@ _OUT = flags.DEFINE_string("out", os.path.join("experiments", "results", "pipeli
                            "Report path without extension (.md and .json).")
 _CHILD = flags.DEFINE_bool("child", False, "Internal: run one start, print its JSON line.")
 
-# Peak dense bfloat16 throughput, for the rate an accelerator consumes: Colab's TPU v2-8
-# (8 cores x 22.5 TFLOP/s, Google Cloud TPU v2 documentation) and an H100 SXM (989 TFLOP/s
-# dense, NVIDIA H100 datasheet). MFU 0.4 is a typical well-tuned Transformer step.
-ACCELERATORS = {"TPU v2-8 (Colab)": 180e12, "H100 SXM": 989e12}
+# Peak dense bfloat16 throughput (transformer/hardware.py), for the rate an accelerator
+# consumes: Colab's TPU v2-8 (4 chips, 8 cores) and an H100 SXM. MFU 0.4 is a typical
+# well-tuned Transformer step.
+ACCELERATORS = {"TPU v2-8 (Colab)": 4 * hardware.PEAK_BF16["TPU v2"],
+                "H100 SXM": hardware.PEAK_BF16["H100"]}
 MFU = 0.4
 DATA_STAGES = ("open", "vocabulary", "token cache", "batch plan")
+# The third start: the restart again, with the compilation cache the first start filled.
+WARM = "restart, warm compilation cache"
 
 
 def one_start(config: Any, workdir: str, batches: int) -> dict[str, Any]:
@@ -57,11 +70,11 @@ def one_start(config: Any, workdir: str, batches: int) -> dict[str, Any]:
   import jax
   import numpy as np
 
+  from transformer import compilation, storage
   from transformer import sharding as sharding_lib
-  from transformer import storage
   from transformer.data import input_pipeline, token_cache
   from transformer.prefetch import Prefetcher
-  from transformer.train import Trainer
+  from transformer.train import Trainer, eval_shapes, shape_key
   from transformer.validate import validate
 
   rss = measure.PeakRSS()
@@ -76,6 +89,7 @@ def one_start(config: Any, workdir: str, batches: int) -> dict[str, Any]:
 
   start = time.time()
   model_config = validate(config, jax.device_count())
+  compilation.use_persistent_cache(config.compilation_cache_dir)
   reader = input_pipeline.open_reader(config)
   storage.check_writable(workdir)
   stage("open")
@@ -83,14 +97,22 @@ def one_start(config: Any, workdir: str, batches: int) -> dict[str, Any]:
   stage("vocabulary")
   split = token_cache.load_or_build(reader, "train", tok, token_cache.cache_root(config, workdir))
   stage("token cache")
+  # The split's cache directory on disk (its memory-mapped files and meta.json).
+  cache_dir = os.path.dirname(split.source_offsets.filename)
+  cache_bytes = sum(os.path.getsize(os.path.join(cache_dir, f)) for f in os.listdir(cache_dir))
   mesh = sharding_lib.make_mesh(config.mesh)
   train = input_pipeline.train_batches(split, config,
                                        batch_multiple=sharding_lib.data_parallel_size(mesh))
   train.batch(0)  # draws the first epoch's plan
-  input_pipeline.evaluation_data(config, reader, tok, sharding_lib.data_parallel_size(mesh))
+  evals, _ = input_pipeline.evaluation_data(config, reader, tok,
+                                            sharding_lib.data_parallel_size(mesh))
   stage("batch plan")
   trainer = Trainer(config, mesh, model_config)
   state = trainer.init_state(config.seed)
+  t_compile = time.time()
+  with compilation.CompileCounter() as compiles:
+    compiled = trainer.precompile(train.shapes(), eval_shapes(evals["validation"] + evals["test"]))
+  compile_seconds = time.time() - t_compile
   batch = sharding_lib.local_batch_to_global(train.batch(0), mesh)
   state, metrics = trainer.train_step(state, batch, jax.random.key(0))
   jax.block_until_ready(metrics)
@@ -115,25 +137,27 @@ def one_start(config: Any, workdir: str, batches: int) -> dict[str, Any]:
   rss.close()
   # What the step itself holds: on a CPU its buffers are host memory, on an accelerator they
   # are device memory. XLA's own accounting for the first batch's shape.
-  shapes = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in batch.items()}
-  mem = trainer.lower_train_step(shapes).compile().memory_analysis()
+  mem = compiled[shape_key(batch)].memory_analysis()
   step_bytes = sum(int(getattr(mem, f, 0) or 0) for f in (
     "temp_size_in_bytes", "argument_size_in_bytes", "output_size_in_bytes"))
   return {
     "step_xla_bytes": step_bytes, "first_batch_shape": list(batch["inputs"].shape),
     "stages": stages, "to_first_step_seconds": to_first_step,
+    # Within the first step: the ahead-of-time compile, its programs and cache loads.
+    "compile_seconds": compile_seconds, "programs_compiled": compiles.compiles,
+    "programs_from_cache": compiles.cache_hits,
     "batches_per_second": rate, "mean_batch_positions": positions / batches,
     "real_token_fraction": train.real_token_fraction(),
     "train_examples": len(split), "kept_examples": train.num_examples,
+    "token_cache_bytes": cache_bytes,
     "steps_per_epoch": train.steps_per_epoch,
   }
 
 
 def accelerator_batches_per_second(config: Any) -> dict[str, float]:
   """Batches per second an accelerator consumes at MFU 0.4 for the config's real model."""
-  params = measure.param_count(config)
-  tokens = 2 * int(config.data.tokens_per_batch)  # source + target positions
-  flops = 6 * params * tokens  # forward + backward, matmuls (Kaplan et al. 2020, sec. 2.1)
+  tokens = int(config.data.tokens_per_batch)  # positions per side
+  flops = hardware.model_flops_per_step(measure.param_count(config), tokens, tokens)
   return {name: peak * MFU / flops for name, peak in ACCELERATORS.items()}
 
 
@@ -148,11 +172,13 @@ def _run_start(label: str, argv: list[str], timeout: float) -> dict[str, Any]:
   return result
 
 
-def write_report(config: Any, runs: dict[str, dict[str, Any]], need: dict[str, float],
-                 command: str) -> None:
+def write_report(config: Any, runs: dict[str, dict[str, Any]], warm: dict[str, Any],
+                 need: dict[str, float], command: str) -> None:
+  """The report: `runs` are the first start and the restart, `warm` the restart with the first
+  start's compilation cache."""
   gib = 2.0**30
   rows = []
-  for label, run in runs.items():
+  for label, run in {**runs, WARM: warm}.items():
     for s in run["stages"]:
       rows.append([label, s["stage"], f"{s['seconds']:.1f}", f"{s['peak_rss_bytes'] / gib:.2f}"])
     data = max(s["peak_rss_bytes"] for s in run["stages"] if s["stage"] in DATA_STAGES)
@@ -174,18 +200,36 @@ def write_report(config: Any, runs: dict[str, dict[str, Any]], need: dict[str, f
       f"GiB for a batch of shape {restart['first_batch_shape']} (the logits and their gradient "
       f"over the {config.data.vocab_size:,}-piece vocabulary dominate); on a CPU they are host "
       "memory, on a GPU or TPU they are device memory.",
+      f"- Token cache of the training split on disk: {restart['token_cache_bytes'] / gib:.2f} "
+      "GiB.",
       f"- Host batch rate (the training loop's prefetch thread: gather from the memory-mapped "
       f"cache, pad, transfer): **{restart['batches_per_second']:.1f} batches/s** "
       f"({restart['mean_batch_positions']:,.0f} positions per side per batch).",
-      "- An accelerator at MFU 0.4 on the configured model (6 x parameters x tokens FLOPs per "
-      "step) consumes: " + ", ".join(f"{k} {v:.1f} batches/s" for k, v in need.items()) +
+      "- An accelerator at MFU 0.4 on the configured model (`hardware.model_flops_per_step`: 6 x "
+      "parameters x tokens per step, a token being a source and a target position) consumes: "
+      + ", ".join(f"{k} {v:.1f} batches/s" for k, v in need.items()) +
       "; the host covers " + ", ".join(f"{restart['batches_per_second'] / v:.1f}x of {k}"
                                        for k, v in need.items()) + ".",
       f"- Real (non-padding) tokens: **{restart['real_token_fraction']:.3f}** of the batches' "
       "positions over an epoch, both sides (the padding of partly filled rows and the all-zero "
-      "rows that round a batch up to the devices both count as padding).\n"])
+      "rows that round a batch up to the devices both count as padding).\n",
+      "## Restart with a warm compilation cache\n",
+      report.markdown_table(
+        ["restart", "compile (s)", "programs loaded from the cache", "to the first step (s)"],
+        [[label, f"{r['compile_seconds']:.1f}",
+          f"{r['programs_from_cache']} of {r['programs_compiled']}",
+          f"{r['to_first_step_seconds']:.1f}"]
+         for label, r in (("empty compilation cache", restart), ("warm compilation cache", warm))]),
+      f"- The warm cache takes the restart to the first step in "
+      f"**{warm['to_first_step_seconds'] / restart['to_first_step_seconds']:.2f}x** the time "
+      f"of the restart with an empty one; the ahead-of-time compile of every training and "
+      f"evaluation batch shape takes "
+      f"{warm['compile_seconds'] / max(restart['compile_seconds'], 1e-9):.2f}x. Both are "
+      "part of the first step's stage, with the sharded init (whose program is cached too) and "
+      "one step.\n"])
   report.write_json(_OUT.value + ".json", {"command": command, "hardware": report.hardware(),
-                                           "runs": runs, "need": need})
+                                           "runs": runs, "warm_compilation_cache": warm,
+                                           "need": need})
 
 
 def main(argv: list[str]) -> None:
@@ -200,12 +244,21 @@ def main(argv: list[str]) -> None:
     print(json.dumps(one_start(config, _WORKDIR.value, _BATCHES.value)), flush=True)
     return
   shutil.rmtree(_WORKDIR.value, ignore_errors=True)
+  # The first start fills `warm`; the restart compiles into an empty directory.
+  caches = tempfile.mkdtemp(prefix="pipeline-benchmark-jax-cache-")
+  warm, empty = os.path.join(caches, "warm"), os.path.join(caches, "empty")
   runs = {}
-  for label in ("first start", "restart"):
-    runs[label] = _run_start(label, sys.argv[1:], timeout=6 * 3600)
-    print(f"{label}: {runs[label]['to_first_step_seconds']:.1f} s to the first step", flush=True)
+  try:
+    for label, cache in (("first start", warm), ("restart", empty), (WARM, warm)):
+      argv = [*sys.argv[1:], f"--config.compilation_cache_dir={cache}"]
+      runs[label] = _run_start(label, argv, timeout=6 * 3600)
+      print(f"{label}: {runs[label]['to_first_step_seconds']:.1f} s to the first step "
+            f"(compile {runs[label]['compile_seconds']:.1f} s)", flush=True)
+  finally:
+    shutil.rmtree(caches, ignore_errors=True)
+  warm_restart = runs.pop(WARM)
   need = accelerator_batches_per_second(config)
-  write_report(config, runs, need, report.command_line())
+  write_report(config, runs, warm_restart, need, report.command_line())
   print(f"wrote {_OUT.value}.md", flush=True)
 
 

@@ -50,17 +50,56 @@ def blocks(languages: set[str]) -> list[tuple[str, int, str]]:
 # ----------------------------------------------------------------------------- python blocks
 
 PYTHON_BLOCKS = blocks({"python"})
+# The blocks run as a user's would: one CPU device (not the tests' 8), and cheap XLA:CPU
+# compiles, since the examples are tiny.
+DOC_ENV = {**os.environ, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "2", "XLA_FLAGS":
+           "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"}
+
+
+def run_blocks(blocks_json: str, results_path: str) -> None:
+  """Runs each (path, line, code) block in a fresh namespace of this process; writes
+  {'path:line': traceback or ''} to `results_path` as JSON."""
+  import traceback
+
+  results = {}
+  for path, line, code in json.loads(blocks_json):
+    try:
+      exec(compile(code, f"{path}:{line}", "exec"), {"__name__": "__docs__"})  # noqa: S102
+      results[f"{path}:{line}"] = ""
+    except BaseException:  # noqa: BLE001 - reported by the block's test
+      results[f"{path}:{line}"] = traceback.format_exc()
+  with open(results_path, "w") as f:
+    json.dump(results, f)
+
+
+@pytest.fixture(scope="module")
+def python_block_results(tmp_path_factory) -> dict[str, str]:
+  """Every ```python block, run once in one fresh process with the repository as the working
+  directory; the traceback of each block that failed."""
+  results = tmp_path_factory.mktemp("docs") / "results.json"
+  script = ("import sys\nfrom tests.test_docs import run_blocks\n"
+            "run_blocks(sys.stdin.read(), sys.argv[1])\n")
+  proc = subprocess.run([sys.executable, "-c", script, str(results)], cwd=ROOT, env=DOC_ENV,
+                        input=json.dumps(PYTHON_BLOCKS), capture_output=True, text=True,
+                        timeout=600)
+  assert proc.returncode == 0 and results.exists(), proc.stderr[-3000:]
+  return json.loads(results.read_text())
 
 
 def test_docs_have_python_blocks():
   assert PYTHON_BLOCKS, "no ```python block found in " + ", ".join(DOC_FILES)
 
 
-@pytest.mark.parametrize("path,line,code", PYTHON_BLOCKS,
-                         ids=[f"{p}:{n}" for p, n, _ in PYTHON_BLOCKS])
-def test_python_block_runs(path, line, code, monkeypatch):
-  monkeypatch.chdir(ROOT)
-  exec(compile(code, f"{path}:{line}", "exec"), {"__name__": "__docs__"})  # noqa: S102
+@pytest.mark.parametrize("where", [f"{p}:{n}" for p, n, _ in PYTHON_BLOCKS])
+def test_python_block_runs(where, python_block_results):
+  assert python_block_results[where] == "", python_block_results[where]
+
+
+def test_a_failing_block_is_reported(tmp_path):
+  results = tmp_path / "results.json"
+  run_blocks(json.dumps([["x.md", 3, "import math\n"], ["x.md", 9, "1 / 0\n"]]), str(results))
+  outcome = json.loads(results.read_text())
+  assert outcome["x.md:3"] == "" and "ZeroDivisionError" in outcome["x.md:9"]
 
 
 # ----------------------------------------------------------------------------- shell commands
@@ -99,14 +138,26 @@ def module_invocation(argv: list[str]) -> tuple[str, list[str]] | None:
   return None
 
 
+def inline_commands(path: str) -> Iterator[tuple[int, str]]:
+  """(line, command) of each inline code span outside code blocks that is a `python -m`
+  command, e.g. in a table."""
+  text = FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), read(path))  # keeps line numbers
+  for m in re.finditer(r"`(python3? -m [^`\n]+)`", text):
+    yield text.count("\n", 0, m.start()) + 1, m.group(1)
+
+
 def documented_commands() -> list[tuple[str, list[str], str]]:
-  """(module, argv, 'file:line') of every checked command in the documentation."""
+  """(module, argv, 'file:line') of every checked command in the documentation: in shell
+  blocks, and in inline code."""
+  snippets = [(f"{path}:{line}", code) for path, line, code in blocks(SHELL_LANGUAGES)]
+  snippets += [(f"{path}:{line}", code) for path in DOC_FILES
+               for line, code in inline_commands(path)]
   found = []
-  for path, line, code in blocks(SHELL_LANGUAGES):
+  for where, code in snippets:
     for argv in shell_commands(code):
       invocation = module_invocation(argv)
       if invocation and CHECKED_MODULES.match(invocation[0]):
-        found.append((invocation[0], invocation[1], f"{path}:{line}"))
+        found.append((invocation[0], invocation[1], where))
   return found
 
 
@@ -141,6 +192,9 @@ def check_commands(commands: list[tuple[str, list[str], str]]) -> list[str]:
   """Parses every (module, argv, where) with its module's flag parser, in this process; returns
   one line per command that fails. Each module's flags are removed again after its commands,
   so that the next module can define its own."""
+  import contextlib
+  import io
+
   from absl import flags
 
   FLAGS = flags.FLAGS
@@ -158,59 +212,64 @@ def check_commands(commands: list[tuple[str, list[str], str]]) -> list[str]:
       continue
     for argv, where in runs:
       full = [module_name, *argv]
-      for name in [n for n in FLAGS if "." in n]:  # the last command's override flags
+      for name in [n for n in FLAGS if "." in n]:  # the last command's config overrides
         delattr(FLAGS, name)
       FLAGS.unparse_flags()
       sys.argv = full  # ml-collections reads the overrides from sys.argv
+      stderr = io.StringIO()
       try:
-        rest = parse(full)
-        for name in list(FLAGS):
-          flag = FLAGS[name]
-          getattr(flag.value, "to_dict", None)  # a config file loads on first use: use it now
+        with contextlib.redirect_stderr(stderr):
+          rest = parse(full)
+          for name in list(FLAGS):
+            getattr(FLAGS[name].value, "to_dict", None)  # a config file loads on first use
         if rest[1:]:
           raise ValueError(f"unexpected arguments {rest[1:]}")
-      except SystemExit as e:
-        errors.append(f"{where}: {shlex.join(['python', '-m', *full])}: exit {e.code} "
-                      "(its error line is above)")
-      except Exception as e:  # noqa: BLE001
-        errors.append(f"{where}: {shlex.join(['python', '-m', *full])}: "
-                      f"{type(e).__name__}: {e}")
+      except (Exception, SystemExit) as e:  # noqa: BLE001 - the parsers exit 2 on an error
+        message = (stderr.getvalue().strip().splitlines() or [""])[-1]
+        if not isinstance(e, SystemExit):
+          message = f"{type(e).__name__}: {str(e).strip().splitlines()[0]}"
+        errors.append(f"{where}: {shlex.join(['python', '-m', *full])}: {message}")
     for name in set(FLAGS) - before:
       delattr(FLAGS, name)
   return errors
 
 
-def test_documented_commands_parse():
-  commands = documented_commands()
-  modules = {m for m, _, _ in commands}
+# Commands the checker must refuse: an unknown flag, an unknown config field, a bad value, a
+# missing config file, an unknown variant, a stray argument.
+BAD_COMMANDS = [
+  ["--config=configs/numbers.py", "--nope=1"],
+  ["--config=configs/numbers.py", "--config.model.nope=1"],
+  ["--config=configs/numbers.py", "--config.model.num_heads=four"],
+  ["--config=configs/missing.py"],
+  ["--config=configs/wmt.py:nope"],
+  ["--config=configs/wmt.py:big", "extra"],
+]
+
+
+@pytest.fixture(scope="module")
+def command_errors() -> list[str]:
+  """check_commands over the documented commands and BAD_COMMANDS (where 'bad<i>'), in a
+  fresh process (it changes absl's global flags and sys.argv)."""
+  commands = documented_commands() + [
+    ("transformer.main", argv, f"bad{i}") for i, argv in enumerate(BAD_COMMANDS)]
+  script = ("import json, sys\nfrom tests.test_docs import check_commands\n"
+            "print(json.dumps(check_commands(json.load(sys.stdin))))\n")
+  proc = subprocess.run([sys.executable, "-c", script], input=json.dumps(commands), cwd=ROOT,
+                        env=DOC_ENV, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_documented_commands_parse(command_errors):
+  modules = {m for m, _, _ in documented_commands()}
   assert "transformer.main" in modules and any(m.startswith("experiments.") for m in modules)
-  script = ("import json, sys\nfrom tests.test_docs import check_commands\n"
-            "print(json.dumps(check_commands(json.load(sys.stdin))))\n")
-  env = {**os.environ, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "2"}
-  proc = subprocess.run([sys.executable, "-c", script], input=json.dumps(commands), cwd=ROOT,
-                        env=env, capture_output=True, text=True, timeout=300)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  errors = json.loads(proc.stdout.strip().splitlines()[-1])
-  assert not errors, "\n".join(errors) + "\n" + proc.stderr[-3000:]
+  errors = [e for e in command_errors if not e.startswith("bad")]
+  assert not errors, "\n".join(errors)
 
 
-def test_check_commands_catches_bad_commands():
-  """The checker fails an unknown flag, an unknown config field, a bad value and a missing
-  config file (so that the test above can fail)."""
-  bad = [["--config=configs/numbers.py", "--nope=1"],
-         ["--config=configs/numbers.py", "--config.model.nope=1"],
-         ["--config=configs/numbers.py", "--config.model.num_heads=four"],
-         ["--config=configs/missing.py"],
-         ["--config=configs/wmt.py:nope"]]
-  commands = [("transformer.main", argv, f"case{i}") for i, argv in enumerate(bad)]
-  commands.append(("transformer.main", ["--config=configs/wmt.py:big", "--mode=average"], "ok"))
-  script = ("import json, sys\nfrom tests.test_docs import check_commands\n"
-            "print(json.dumps(check_commands(json.load(sys.stdin))))\n")
-  proc = subprocess.run([sys.executable, "-c", script], input=json.dumps(commands), cwd=ROOT,
-                        capture_output=True, text=True, timeout=300)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  errors = json.loads(proc.stdout.strip().splitlines()[-1])
-  assert sorted(e.split(":")[0] for e in errors) == [f"case{i}" for i in range(len(bad))], errors
+def test_bad_commands_are_caught(command_errors):
+  caught = [e.split(":")[0] for e in command_errors if e.startswith("bad")]
+  assert caught == [f"bad{i}" for i in range(len(BAD_COMMANDS))], command_errors
 
 
 # ----------------------------------------------------------------------------- links
@@ -248,5 +307,10 @@ def test_relative_links_resolve(path):
   assert not broken, f"{path}: " + "; ".join(broken)
 
 
-def test_heading_anchors():
-  assert heading_anchors("README.md") >= {"attention-is-all-you-need-in-jaxflax"}
+def test_anchors_and_links_are_found():
+  assert heading_anchors("README.md") >= {"attention-is-all-you-need-in-jaxflax", "quick-start"}
+  assert "the-data-path-at-wmt14s-size" in heading_anchors("docs/data.md")
+  assert "docs/training.md#the-offline-default" in relative_links("README.md")
+  assert "../experiments/results/heads.png" in relative_links("docs/experiments.md")
+  assert not [t for t in relative_links("README.md") if t.startswith("http")]
+  assert "python -m experiments.heads" in [c for _, c in inline_commands("docs/experiments.md")]

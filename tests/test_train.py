@@ -75,8 +75,8 @@ def test_cli_trains_end_to_end(tiny_run):
   workdir, proc = tiny_run
   records = read_metrics(workdir)
   keys = set().union(*records)
-  for key in ("train/loss", "train/learning_rate", "eval/loss", "eval/accuracy",
-              "eval/perplexity", "eval/bleu", "test/bleu"):
+  for key in ("train/loss", "train/learning_rate", "train/real_token_fraction", "eval/loss",
+              "eval/accuracy", "eval/perplexity", "eval/bleu", "test/bleu"):
     assert key in keys, key
   assert all("step" in r for r in records)
   assert "Test BLEU" in proc.stdout

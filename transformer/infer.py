@@ -17,8 +17,8 @@ from typing import Any
 
 import jax
 
+from transformer import compilation, storage
 from transformer import sharding as sharding_lib
-from transformer import storage
 from transformer.checkpoint import Checkpointer, average_params, check_meta, run_meta
 from transformer.data.input_pipeline import vocab_path
 from transformer.data.tokenizer import Tokenizer
@@ -60,6 +60,8 @@ def restore(config: Any, workdir: str, average: int | None = None) -> Restored:
     CheckpointError: no vocabulary or checkpoint, or one that does not fit the config.
   """
   model_config = validate(config, jax.device_count())
+  # Beam search compiles one program per source length: keep them across runs.
+  compilation.use_persistent_cache(config.compilation_cache_dir)
   path = vocab_path(workdir)
   if not storage.as_path(path).exists():
     raise CheckpointError(f"{path} not found: train first with --mode=train --workdir={workdir}")

@@ -514,9 +514,20 @@ class Embed(nn.Module):
 
   def attend(self, x: Array) -> Array:
     """Tied pre-softmax projection: [b, n, d] -> float32 logits [b, n, V]."""
-    return jnp.einsum(
-      "bnd,vd->bnv", x, self.embedding.astype(x.dtype), preferred_element_type=jnp.float32
-    )
+    return tied_logits(x, self.embedding)
+
+
+def tied_logits(x: Array, embedding: Array) -> Array:
+  """x [..., d] times the transposed embedding [V, d]: float32 logits [..., V].
+
+  The tokens are flattened into one matrix dimension first: with the batch and length kept
+  apart, XLA:CPU computes the embedding's gradient by first transposing the whole [tokens, V]
+  gradient of the logits, which costs more than the product itself at d_model 256.
+  """
+  lead, d = x.shape[:-1], x.shape[-1]
+  logits = jnp.einsum("md,vd->mv", x.reshape(-1, d), embedding.astype(x.dtype),
+                      preferred_element_type=jnp.float32)
+  return logits.reshape(*lead, embedding.shape[0])
 
 
 class Encoder(nn.Module):

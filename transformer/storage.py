@@ -104,10 +104,10 @@ GCS_SCHEMES = ("gs://", "gcs://")
 
 def gcs_endpoint() -> str:
   """The GCS endpoint gcsfs talks to: `STORAGE_EMULATOR_HOST` (an emulator) if set, else
-  https://storage.googleapis.com."""
+  https://storage.googleapis.com (or the domain in `GOOGLE_CLOUD_UNIVERSE_DOMAIN`)."""
   url = os.environ.get("STORAGE_EMULATOR_HOST", "")
   if url in ("", "default"):
-    return "https://storage.googleapis.com"
+    return f"https://storage.{os.environ.get('GOOGLE_CLOUD_UNIVERSE_DOMAIN', 'googleapis.com')}"
   return url if url.startswith(("http://", "https://")) else f"http://{url}"
 
 

@@ -3,7 +3,9 @@
 Set-up follows the usual jit-with-shardings recipe: abstract init with `jax.eval_shape`,
 shardings from the parameters' logical axis names and the config's rules, then a jitted init
 with those output shardings, so parameters and optimiser state are created already sharded.
-`train_step` is jitted once with input/output shardings and a donated state.
+`train_step` is jitted once with input/output shardings and a donated state, and compiled ahead
+of time for every batch shape the run will see (`Trainer.precompile`), so that the loop never
+stops to compile.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import contextlib
 import os
 import signal
 import time
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import flax.linen as nn
@@ -21,8 +24,8 @@ import numpy as np
 from absl import logging
 
 from transformer import bleu as bleu_lib
+from transformer import compilation, hardware, storage
 from transformer import sharding as sharding_lib
-from transformer import storage
 from transformer.checkpoint import Checkpointer, average_params, check_meta, run_meta
 from transformer.data import corpora, input_pipeline
 from transformer.errors import ConfigError
@@ -30,6 +33,7 @@ from transformer.metrics import MetricWriter, summarize
 from transformer.model import ModelConfig
 from transformer.model_family import build_model, count_params
 from transformer.prefetch import Prefetcher
+from transformer.profiling import Profiler
 from transformer.train_state import TrainState, make_eval_step, make_optimizer, make_train_step
 from transformer.translate import Translator, bleu_on
 from transformer.validate import validate
@@ -74,6 +78,9 @@ class Trainer:
       make_eval_step(self.model, config.label_smoothing),
       in_shardings=(self.state_shardings.params, batch), out_shardings=replicated,
     )
+    # Programs compiled ahead of time (`precompile`), by `shape_key` of their batch.
+    self._compiled_train: dict[tuple, Any] = {}
+    self._compiled_eval: dict[tuple, Any] = {}
 
   @contextlib.contextmanager
   def context(self):
@@ -86,10 +93,17 @@ class Trainer:
       return self._init(jax.random.key(seed))
 
   def train_step(self, state: TrainState, batch: dict[str, jax.Array], rng: jax.Array):
+    """One step: the program `precompile` made for this batch shape, else the jitted step."""
+    compiled = self._compiled_train.get(shape_key(batch))
+    if compiled is not None:
+      return compiled(state, batch, rng)
     with self.context():
       return self._train_step(state, batch, rng)
 
   def eval_step(self, params: Any, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
+    compiled = self._compiled_eval.get(shape_key(batch))
+    if compiled is not None:
+      return compiled(params, batch)
     with self.context():
       return self._eval_step(params, batch)
 
@@ -99,12 +113,70 @@ class Trainer:
       return self._train_step.lower(self.abstract_state, batch_shapes,
                                     jax.ShapeDtypeStruct((), jax.random.key(0).dtype))
 
+  def lower_eval_step(self, batch_shapes: dict[str, jax.ShapeDtypeStruct]):
+    with self.context():
+      return self._eval_step.lower(self.abstract_state.params, batch_shapes)
+
+  def batch_spec(self, shape: Sequence[int]) -> dict[str, jax.ShapeDtypeStruct]:
+    """The global batch of a `TrainBatches.shapes()` entry, as sharded int32 shapes.
+
+    shape: (rows, length) of bucketed rows: 'inputs' and 'targets' [rows, length]; or (rows,
+    source length, target length) of packed rows, with the segment and position keys
+    (`data.packing.PACKING_KEYS`) of each side.
+    """
+    rows, *lengths = shape
+    source, target = (lengths * 2)[:2]
+    keys = {"inputs": source, "targets": target}
+    if len(lengths) == 2:
+      keys.update({f"{side}_{what}": keys[side] for side in ("inputs", "targets")
+                   for what in ("segmentation", "position")})
+    sharding = sharding_lib.batch_sharding(self.mesh)
+    return {k: jax.ShapeDtypeStruct((rows, n), jnp.int32, sharding=sharding)
+            for k, n in keys.items()}
+
+  def precompile(self, train_shapes: Iterable[Sequence[int]],
+                 eval_shapes: Iterable[Sequence[int]] = ()) -> dict[tuple, Any]:
+    """Compiles the training step for every batch shape in `train_shapes` and the evaluation
+    step for every (rows, length) in `eval_shapes` (global rows), before the first step; the
+    steps then run these programs (see `train_step`). Returns the training step's programs by
+    `shape_key` (e.g. for their memory analysis)."""
+    train = {shape_key(spec): spec for spec in map(self.batch_spec, train_shapes)}
+    evals = {shape_key(spec): spec for spec in map(self.batch_spec, eval_shapes)}
+    lowered = {f"training step, {_shape_label(spec)}": (lambda s=spec: self.lower_train_step(s))
+               for spec in train.values()}
+    lowered.update({f"evaluation step, {_shape_label(spec)}":
+                    (lambda s=spec: self.lower_eval_step(s)) for spec in evals.values()})
+    compiled = compilation.compile_all(lowered)
+    for key, spec in train.items():
+      self._compiled_train[key] = compiled[f"training step, {_shape_label(spec)}"]
+    for key, spec in evals.items():
+      self._compiled_eval[key] = compiled[f"evaluation step, {_shape_label(spec)}"]
+    return {key: self._compiled_train[key] for key in train}
+
   def learning_rate(self, step: int) -> float:
     from transformer.train_state import learning_rate_schedule
 
     opt = self.config.optimizer
     return float(learning_rate_schedule(self.model_config.d_model, opt.warmup_steps,
                                         opt.learning_rate_scale)(step))
+
+
+def shape_key(batch: dict[str, Any]) -> tuple:
+  """What a compiled step depends on in a batch: its keys, global shapes and dtypes."""
+  return tuple(sorted((k, tuple(v.shape), str(v.dtype)) for k, v in batch.items()))
+
+
+def _shape_label(spec: dict[str, jax.ShapeDtypeStruct]) -> str:
+  """'batch ROWS x LENGTH' (packed: 'ROWS x SOURCE / TARGET') of a batch spec, for the log."""
+  rows, source = spec["inputs"].shape
+  target = spec["targets"].shape[1]
+  return f"batch {rows} x {source}" + (f" / {target}" if "inputs_position" in spec else "")
+
+
+def eval_shapes(batches: Iterable[dict[str, np.ndarray]]) -> list[tuple[int, int]]:
+  """The global (rows, length) of this process's evaluation batches, each once."""
+  return sorted({(b["inputs"].shape[0] * jax.process_count(), b["inputs"].shape[1])
+                 for b in batches})
 
 
 def evaluate(trainer: Trainer, params: Any, batches: list[dict[str, np.ndarray]],
@@ -152,20 +224,30 @@ class Meter:
 
   A step's metrics are fetched from the device one step late (`step`), so that the host never
   waits for the step it has just dispatched.
+
+  Args:
+    step: the step the window starts after.
+    params: the model's parameters, for model FLOPs (`hardware.model_flops_per_step`).
+    peak_flops: the dense bf16 peak FLOP/s of all the devices; None (e.g. a CPU): no MFU.
   """
 
-  def __init__(self, step: int):
+  def __init__(self, step: int, params: int = 0, peak_flops: float | None = None):
     self._pending = None
+    self.params = params
+    self.peak_flops = peak_flops
     self.reset(step)
 
   def reset(self, step: int) -> None:
     self.start_time, self.start_step, self.host_time = time.time(), step, 0.0
     self.sums: dict[str, float] = {}
+    self.positions = 0
 
-  def step(self, metrics: dict[str, jax.Array]) -> None:
+  def step(self, metrics: dict[str, jax.Array], positions: int = 0) -> None:
+    """Counts a dispatched step; `positions`: its batch's source + target positions."""
     if self._pending is not None:
       self._add(self._pending)
     self._pending = metrics
+    self.positions += positions
 
   def _add(self, metrics: dict[str, jax.Array]) -> None:
     for k, v in jax.device_get(metrics).items():
@@ -178,25 +260,35 @@ class Meter:
     elapsed = max(time.time() - self.start_time, 1e-9)
     steps = max(step - self.start_step, 1)
     record = summarize(self.sums, "train")
+    # Real (non-padding) source and target tokens.
+    real = self.sums["tokens"] + self.sums["source_tokens"]
     record.update({
       "train/learning_rate": learning_rate,
       "train/grad_norm": self.sums["grad_norm"] / steps,
       "train/param_norm": self.sums["param_norm"] / steps,
       "train/nonfinite_steps": self.sums["nonfinite"],
       "train/steps_per_s": steps / elapsed,
-      # Real (non-padding) source and target tokens.
-      "train/tokens_per_s": (self.sums["tokens"] + self.sums["source_tokens"]) / elapsed,
+      "train/tokens_per_s": real / elapsed,
+      # The share of the batches' positions that hold real tokens (not padding).
+      "train/real_token_fraction": real / max(self.positions, 1),
       # The share of wall time the loop waited for a batch (built ahead in a thread).
       "train/host_fraction": self.host_time / elapsed,
     })
+    if self.peak_flops:
+      # Model FLOPs of the real tokens only: padding is work the model did not need.
+      flops = hardware.model_flops_per_step(self.params, self.sums["source_tokens"],
+                                            self.sums["tokens"])
+      record["train/mfu"] = flops / elapsed / self.peak_flops
     return record
 
 
 def log_progress(record: dict[str, float], step: int, total: int) -> None:
   eta = (total - step) / max(record["train/steps_per_s"], 1e-9)
-  logging.info("step %d/%d  loss %.4f  acc %.3f  lr %.2e  %.0f tokens/s  host %.1f%%  ETA %s",
-               step, total, record["train/loss"], record["train/accuracy"],
-               record["train/learning_rate"], record["train/tokens_per_s"],
+  mfu = f"  MFU {100 * record['train/mfu']:.1f}%" if "train/mfu" in record else ""
+  logging.info("step %d/%d  loss %.4f  acc %.3f  lr %.2e  %.0f tokens/s (%.0f%% of positions)%s"
+               "  host %.1f%%  ETA %s", step, total, record["train/loss"],
+               record["train/accuracy"], record["train/learning_rate"],
+               record["train/tokens_per_s"], 100 * record["train/real_token_fraction"], mfu,
                100 * record["train/host_fraction"], _duration(eta))
 
 
@@ -233,6 +325,7 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
   workdir = os.fspath(storage.check_writable(workdir))
   if config.data.get("cache_dir"):
     storage.check_writable(config.data.cache_dir, "--config.data.cache_dir")
+  compilation.use_persistent_cache(config.compilation_cache_dir)  # before the first compile
   lock = storage.WorkdirLock(workdir) if jax.process_index() == 0 else contextlib.nullcontext()
   # From here on SIGTERM / SIGINT (a preemption) stop the run at the next step, with a save.
   with lock, _StopSignal() as stop:
@@ -254,6 +347,7 @@ def _train_and_evaluate(config: Any, workdir: str, model_config: ModelConfig,
   checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), config.keep_checkpoints)
   writer = None
   ahead = None
+  profiler = None
   try:
     state = restore_or_init(trainer, checkpointer, meta, config.seed, workdir)
     step = int(jax.device_get(state.step))
@@ -273,13 +367,24 @@ def _train_and_evaluate(config: Any, workdir: str, model_config: ModelConfig,
     # Batch i is a pure function of (seed, i), built ahead in a thread; resuming is exact.
     ahead = Prefetcher(lambda i: sharding_lib.local_batch_to_global(data.train.batch(i), mesh),
                        step, config.num_train_steps)
-    rng, meter = jax.random.key(config.seed), Meter(step)
+    # Every batch shape of training and evaluation, compiled now rather than when it first
+    # comes up in the loop; and the learning rate's few eager operations.
+    if step < config.num_train_steps:
+      trainer.precompile(data.train.shapes(),
+                         eval_shapes(data.eval["validation"] + data.eval["test"]))
+      trainer.learning_rate(step)
+    peak = hardware.peak_of(jax.devices()[0].device_kind)  # None on a CPU: no MFU
+    rng = jax.random.key(config.seed)
+    meter = Meter(step, count_params(trainer.abstract_state.params),
+                  None if peak is None else peak * jax.device_count())
+    profiler = Profiler(config.profile_steps, workdir)
+    profiler.step(step)
     while step < config.num_train_steps:
       t0 = time.time()
       batch = ahead.next()
       meter.host_time += time.time() - t0
       state, metrics = trainer.train_step(state, batch, rng)
-      meter.step(metrics)
+      meter.step(metrics, batch["inputs"].size + batch["targets"].size)
       step += 1
       if step % config.log_every_steps == 0 or step == config.num_train_steps:
         record = meter.record(step, trainer.learning_rate(step - 1))
@@ -305,6 +410,8 @@ def _train_and_evaluate(config: Any, workdir: str, model_config: ModelConfig,
         logging.warning("%s received: saved the checkpoint of step %d in %s; rerun the same "
                         "command to continue", name, step, checkpointer.directory)
         return {"interrupted": name, "step": step}
+      profiler.step(step, state)
+    profiler.close(state)
     ahead.close()
     save(step, state)
     checkpointer.wait()
@@ -315,6 +422,8 @@ def _train_and_evaluate(config: Any, workdir: str, model_config: ModelConfig,
     return {"interrupted": None, "step": step, **final}
   finally:
     # Also on errors: wait for an async save in flight, so it finishes or is cleanly dropped.
+    if profiler is not None:
+      profiler.close()
     if ahead is not None:
       ahead.close()
     checkpointer.close()

@@ -65,12 +65,20 @@ def cross_entropy(logits: Array, targets: Array, label_smoothing: float) -> tupl
   vocab = logits.shape[-1]
   confidence = 1.0 - label_smoothing
   low = label_smoothing / (vocab - 1)
-  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-  nll = -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+  z = logits.astype(jnp.float32)
+  # log p_v = z_v - logsumexp(z), as jax.nn.log_softmax, but no [b, t, V] log p is kept: on
+  # CPU each extra pass over it costs about as much as the whole loss otherwise.
+  shift = jax.lax.stop_gradient(z.max(-1, keepdims=True))
+  log_z = shift[..., 0] + jnp.log(jnp.exp(z - shift).sum(-1))
+  # The target's logit as a masked sum, not a gather: its gradient is then an elementwise
+  # select that fuses, rather than a scatter into a zeroed [b, t, V] array.
+  at_target = jnp.arange(vocab) == targets[..., None]
+  nll = log_z - jnp.where(at_target, z, 0.0).sum(-1)
   if label_smoothing == 0.0:
     return nll, nll
-  # sum_v q_v * -log p_v with q = low everywhere except `confidence` at the target.
-  smoothed = confidence * nll - low * (log_probs.sum(-1) + nll)
+  # sum_v q_v * -log p_v with q = low everywhere except `confidence` at the target, and
+  # sum_v log p_v = sum_v z_v - V logsumexp(z).
+  smoothed = confidence * nll - low * (z.sum(-1) - vocab * log_z + nll)
   normalizer = -(confidence * jnp.log(confidence) + (vocab - 1) * low * jnp.log(low + 1e-20))
   return smoothed - normalizer, nll
 
@@ -79,7 +87,17 @@ def loss_sums(logits: Array, targets: Array, label_smoothing: float) -> dict[str
   """Sums over non-padding tokens (targets > 0): loss, nll, correct, tokens."""
   weights = (targets > 0).astype(jnp.float32)
   smoothed, nll = cross_entropy(logits, targets, label_smoothing)
-  correct = (jnp.argmax(logits, -1) == targets).astype(jnp.float32)
+  # jnp.argmax (the first largest logit, NaN counting as largest) in two short passes: the
+  # largest of each block of the vocabulary, then the first block holding the overall one,
+  # then the first largest inside it. XLA:CPU's index-tracking reduction over all V logits
+  # costs several times a plain max over them.
+  vocab = logits.shape[-1]
+  block = max(n for n in range(1, 65) if vocab % n == 0)
+  blocks = logits.reshape(*logits.shape[:-1], vocab // block, block)
+  first_block = jnp.argmax(blocks.max(-1), -1)
+  inside = jnp.take_along_axis(blocks, first_block[..., None, None], axis=-2)[..., 0, :]
+  predicted = first_block * block + jnp.argmax(inside, -1)
+  correct = (predicted == targets).astype(jnp.float32)
   return {
     "loss": (smoothed * weights).sum(),
     "nll": (nll * weights).sum(),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from transformer import profiling
 from transformer import sharding as sharding_lib
 from transformer.errors import ConfigError
 from transformer.model import ModelConfig
@@ -137,6 +138,14 @@ def validate(config: Any, num_devices: int) -> ModelConfig:
   if _get(config, "nonfinite") not in NONFINITE:
     raise ConfigError(f"nonfinite={config.nonfinite!r}: must be one of {', '.join(NONFINITE)}")
   _int(config, "max_consecutive_nonfinite", 1)
+  cache_dir = _get(config, "compilation_cache_dir")
+  if cache_dir is not None and not isinstance(cache_dir, str):
+    raise ConfigError(f"compilation_cache_dir={cache_dir!r}: must be a directory, or '' for none")
+  steps = _get(config, "profile_steps")
+  try:
+    profiling.parse_steps(steps if isinstance(steps, str) else repr(steps))
+  except ValueError as e:
+    raise ConfigError(f"profile_steps={steps!r}: {e}") from None
 
   # The mesh against the devices, and dimensions against the axes that split them.
   data, fsdp, tensor = sharding_lib.mesh_shape(config.mesh, num_devices)

@@ -35,7 +35,6 @@ SHORT_NAMES = {"wmt14": "wmt14_translate/de-en"}
 # The pipeline's splits and the config fields that pick them.
 SPLIT_FIELDS = {"train": "train_split", "validation": "eval_split", "test": "test_split"}
 TEXT_FIELDS = {"train": "train_files", "validation": "eval_files", "test": "test_files"}
-NUMBERS_LANGS = ("en", "de")
 
 Reader = SplitReader | TextReader
 
@@ -71,16 +70,14 @@ def open_corpus(config: Any) -> Reader:
 def _numbers(config: Any, src: str, tgt: str) -> SplitReader:
   from transformer.data import numbers
 
-  for field, lang in (("data.source_lang", src), ("data.target_lang", tgt)):
-    if lang not in NUMBERS_LANGS:
-      raise DataError(f"{field}={lang!r}: the numbers corpus has {', '.join(NUMBERS_LANGS)}")
   variant = config.data.get("numbers_variant", "default")
   if variant not in numbers.NumbersTranslate.builder_configs:
     raise DataError(
       f"data.numbers_variant must be one of "
       f"{sorted(numbers.NumbersTranslate.builder_configs)}, got {variant!r}"
     )
-  return SplitReader(numbers.build_numbers(data_dir_of(config), variant), src, tgt)
+  builder = numbers.build_numbers(data_dir_of(config), variant)
+  return _reader(builder, builder.info.full_name, data_dir_of(config), config, src, tgt)
 
 
 def split_files(value: Any, field: str, src: str, tgt: str) -> SplitFiles | None:
@@ -135,6 +132,15 @@ def _tfds(config: Any, src: str, tgt: str) -> SplitReader:
   name = tfds_name(config.dataset)
   data_dir = data_dir_of(config)
   builder = _builder(name, data_dir)
+  # Offline, a download retries for minutes: only try it when the user asks.
+  if config.data.get("download", False) and not builder.is_prepared():
+    builder.download_and_prepare()
+  return _reader(builder, name, data_dir, config, src, tgt)
+
+
+def _reader(builder: Any, name: str, data_dir: str, config: Any, src: str,
+            tgt: str) -> SplitReader:
+  """A reader of a TFDS builder's languages and splits, each checked against the builder."""
   features = text_features(builder.info.features)
   for field, lang in (("data.source_lang", src), ("data.target_lang", tgt)):
     if lang not in features:
@@ -146,9 +152,6 @@ def _tfds(config: Any, src: str, tgt: str) -> SplitReader:
     if known and not split_exists(splits[split], known):
       raise DataError(f"data.{field}={splits[split]!r}: {name} has the splits "
                       f"{', '.join(known)} (slices like 'train[:1%]' are allowed)")
-  # Offline, a download retries for minutes: only try it when the user asks.
-  if config.data.get("download", False) and not builder.is_prepared():
-    builder.download_and_prepare()
   require_prepared(builder, name, data_dir, splits["train"])
   custom = {k: v for k, v in splits.items() if v != k}  # default names keep the cache keys
   return SplitReader(builder, features[src], features[tgt], custom or None)

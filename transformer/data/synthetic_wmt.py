@@ -108,12 +108,12 @@ _P_VERB_FINAL = 0.25
 _P_COMPOUND = 0.6
 # French: the "other" content types that are adjectives; per-token noise.
 _P_ADJECTIVE = 0.35
-_P_DROP_FUNCTION_FR = 0.08
-_P_ARTICLE = 0.75  # an article before a noun after a content word or at the start
+_P_DROP_FUNCTION_FR = 0.04
+_P_ARTICLE = 0.95  # an article before a noun that has no determiner or adjective before it
 _P_PLURAL = 0.3  # an article is les
 _P_ADJECTIVE_AFTER = 0.7
-_P_NOUN_DE = 0.5  # "oil price" -> "prix de pétrole"
-_P_INSERT_FR = 0.03
+_P_NOUN_DE = 0.7  # "oil price" -> "prix de pétrole"
+_P_INSERT_FR = 0.06
 # Mid-sentence suffixes: " ", ", ", "; ", ": " (probabilities per word, English then German).
 _MID_P_EN = (0.942, 0.052, 0.003, 0.003)
 _MID_P_DE = (0.932, 0.062, 0.003, 0.003)
@@ -165,6 +165,8 @@ _FRENCH_FUNCTION_WORDS = dict(
   )
 )
 _FRENCH_AGREEING = ("the", "a", "an")  # variants: masculine, feminine[, plural]
+_ENGLISH_DETERMINERS = ("the", "a", "an", "this", "these", "its", "their", "our", "no", "one",
+                        "other", "all", "what")
 _FRENCH_PARTICLES = ("bien", "même", "encore", "déjà", "donc", "alors", "ainsi", "y", "en", "se")
 _FRENCH_ELISIONS = {"le": "l'", "la": "l'", "de": "d'", "que": "qu'", "ne": "n'", "se": "s'",
                     "ce": "c'"}
@@ -190,7 +192,7 @@ _DE_SUFFIXES = tuple("en er ung heit keit lich ig isch chen e t en ern schaft".s
 _FR_ONSETS = ("", "") + tuple(
   "b c d f g j l m n p r s t v ch gn qu br cr dr fr gr pr tr vr bl cl fl gl pl ç".split()
 )
-_FR_NUCLEI = tuple("a e i o u a e i o u a e é é è ê à â ô ou ai au eau oi eu ui ie".split())
+_FR_NUCLEI = tuple("a e i o u a e i o u a e i é è ê à â ô ou ai au eau oi eu ui ie".split())
 _FR_CODAS = ("", "", "", "") + tuple("n r s t l m nt rt st x c rs".split())
 _FR_SUFFIXES = tuple("tion ment é ée er eur euse ique isme ité age ance ence eux elle ette ière"
                      .split())
@@ -258,6 +260,7 @@ class _FrenchRules:
 
   adjective: np.ndarray  # bool [V]: an English type whose French word follows its noun
   agreeing: np.ndarray  # bool [V]: English articles whose variant follows the next noun
+  determiner: np.ndarray  # bool [V]: English determiners (no article is inserted after them)
   gender: np.ndarray  # int64 [W]: 0 masculine, 1 feminine (used for nouns)
   articles: np.ndarray  # int64 [3]: entries of le, la, les
   elided: np.ndarray  # int64 [W]: the elided entry (l', d', ...) or -1
@@ -448,11 +451,14 @@ def _french_lexicon(rng: np.random.Generator, ranks: np.ndarray, kind: np.ndarra
   adjective[nf:] = (kind == 3) & (rng.random(len(kind)) < _P_ADJECTIVE)
   agreeing = np.zeros(VOCAB_SIZE, bool)
   agreeing[[function_words.index(w) for w in _FRENCH_AGREEING]] = True
+  determiner = np.zeros(VOCAB_SIZE, bool)
+  determiner[[function_words.index(w) for w in _ENGLISH_DETERMINERS]] = True
   contracted = np.array([[first[_FRENCH_CONTRACTIONS[p, a]] for a in ("le", "les")]
                          for p in ("de", "à")])
   rules = _FrenchRules(
     adjective=adjective,
     agreeing=agreeing,
+    determiner=determiner,
     gender=rng.integers(0, 2, len(entries)),
     articles=np.array([first[w] for w in ("le", "la", "les")]),
     elided=lookup({w: first[x] for w, x in _FRENCH_ELISIONS.items()}),
@@ -595,7 +601,7 @@ def _french(lex: _Lexicon, rng: np.random.Generator, eng: _EnglishChunk) -> list
 
   adjective = fr.adjective[e]
   bare = np.ones(total, bool)  # no determiner or adjective just before
-  bare[1:] = ~((lex.en_function[e[:-1]] | adjective[:-1]) & same[:-1])
+  bare[1:] = ~((fr.determiner[e[:-1]] | adjective[:-1]) & same[:-1])
   article = noun & bare & (rng.random(total) < _P_ARTICLE)
   after = adjective & next_noun & (rng.random(total) < _P_ADJECTIVE_AFTER)
   turned = noun & next_noun & (rng.random(total) < _P_NOUN_DE)

@@ -1,0 +1,186 @@
+"""Gradient accumulation (`config.grad_accum_steps`): the same training as one pass over the
+batch, every micro-batch spread over all devices, own dropout masks, exact resume after kill -9.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from configs import numbers as numbers_config
+from experiments import measure
+from tests.test_sharding import make_trainer
+from tests.test_train import FAST_COMPILE, REPO, TINY, assert_same_run, read_metrics, run_main
+from transformer import sharding as sharding_lib
+from transformer.errors import ConfigError
+from transformer.train_state import loss_sums, make_train_step, split_micro_batches
+from transformer.validate import validate
+
+VOCAB = 256
+SUM_KEYS = ("loss", "nll", "correct", "tokens", "source_tokens")
+
+
+def config_for(k, mesh=(1, 1, 1), dropout=0.0):
+  config = numbers_config.get_config("tiny")
+  config.mesh.data, config.mesh.fsdp, config.mesh.tensor = mesh
+  config.model.dropout_rate = dropout
+  config.grad_accum_steps = k
+  return config
+
+
+def make_batches(rows, packed, steps=3, seed=0):
+  """Random batches [rows, 12] / [rows, 10] with padding at the ends of a third of the rows and
+  an all-zero row in the first; packed ones have 3 segments a row (padding is segment 0)."""
+  rng = np.random.default_rng(seed)
+  out = []
+  for step in range(steps):
+    b = measure.random_batch(rng, rows, 12, 10, VOCAB, segments=3 if packed else 0)
+    for side, keep in (("inputs", 9), ("targets", 7)):
+      for key in [k for k in b if k.startswith(side)]:
+        b[key][::3, keep:] = 0
+        if step == 0:
+          b[key][-1] = 0
+    out.append(b)
+  return out
+
+
+def train(trainer, batches):
+  """Parameters (NumPy) after a step on each batch from the seed-0 state, and every metric."""
+  state, rng, metrics = trainer.init_state(0), jax.random.key(0), []
+  for b in batches:
+    state, m = trainer.train_step(state, sharding_lib.local_batch_to_global(b, trainer.mesh),
+                                  rng)
+    metrics.append(jax.device_get(m))
+  return jax.tree.map(np.asarray, jax.device_get(state.params)), metrics
+
+
+def assert_same_training(one, accumulated):
+  """k > 1 trains as k = 1 up to float32 summation order: sums and the gradient norm to 1e-6
+  relative (these catch a wrong normalisation, which Adam's update alone would hide), and the
+  parameters after the steps to 1e-5 absolute. Adam divides each gradient entry by its own
+  root mean square, and its momentum can cancel an entry's gradient from one step to the next:
+  there, rounding noise moves a few entries by up to 3e-6 differently (5e-4 of the first
+  step's learning rate, 5.6e-3); the rest agree to 1e-6."""
+  (p1, m1), (pk, mk) = one, accumulated
+  for a, b in zip(m1, mk, strict=True):
+    assert set(a) == set(b)
+    for key in SUM_KEYS:
+      np.testing.assert_allclose(b[key], a[key], rtol=1e-6, err_msg=key)
+    np.testing.assert_allclose(b["grad_norm"], a["grad_norm"], rtol=1e-6)
+    np.testing.assert_allclose(b["param_norm"], a["param_norm"], rtol=1e-6)
+    assert a["nonfinite"] == b["nonfinite"] == 0
+  print("MAXDIFF", max(float(np.max(np.abs(x - y))) for x, y in zip(jax.tree.leaves(p1), jax.tree.leaves(pk))), "NOVER1e-6", sum(int(np.sum(np.abs(x - y) > 1e-6)) for x, y in zip(jax.tree.leaves(p1), jax.tree.leaves(pk))))
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(y, x, rtol=1e-5, atol=1e-5), p1, pk)
+  assert m1[-1]["loss"] != m1[0]["loss"]  # training moved
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["bucketed", "packed"])
+@pytest.mark.parametrize("devices,mesh", [(1, (1, 1, 1)), (8, (2, 2, 2))],
+                         ids=["1-device", "data2-fsdp2-tensor2"])
+def test_accumulating_4_micro_batches_trains_as_one_batch(packed, devices, mesh):
+  batches = make_batches(16, packed)
+  one = train(make_trainer(config_for(1, mesh), devices), batches)
+  assert_same_training(one, train(make_trainer(config_for(4, mesh), devices), batches))
+
+
+def test_rows_not_divisible_by_k_are_padded_and_train_the_same():
+  """24 rows in 5 micro-batches on 8 devices: one all-zero row is added, and micro-batches of
+  5 rows are spread unevenly over the devices."""
+  batches = make_batches(24, packed=True)
+  one = train(make_trainer(config_for(1, (8, 1, 1)), 8), batches)
+  assert_same_training(one, train(make_trainer(config_for(5, (8, 1, 1)), 8), batches))
+
+
+def test_micro_batch_i_is_rows_i_mod_k_on_every_device():
+  trainer = make_trainer(config_for(4, (2, 2, 2)), 8)
+  for rows in (16, 12):
+    batch = make_batches(rows, packed=True, steps=1)[0]
+    with trainer.context():
+      micro = jax.jit(split_micro_batches, static_argnums=1)(
+        sharding_lib.local_batch_to_global(batch, trainer.mesh), 4)
+    for key, x in micro.items():
+      padded = np.zeros((16, *batch[key].shape[1:]), np.int32)
+      padded[:rows] = batch[key]
+      np.testing.assert_array_equal(x, np.stack([padded[i::4] for i in range(4)]))
+      # Every device holds its part of all 4 micro-batches: 1 of their 4 rows (4 batch shards).
+      assert len(x.addressable_shards) == 8
+      for shard in x.addressable_shards:
+        assert shard.data.shape == (4, 1, batch[key].shape[1]), (key, shard.index)
+
+
+def test_dropout_masks_differ_per_micro_batch_and_runs_repeat():
+  """Two micro-batches of the same rows: the step's loss is the sum of the model's losses on
+  them with keys fold_in(fold_in(seed key, step), i), i = 0, 1, which differ."""
+  trainer = make_trainer(config_for(2, dropout=0.3), 1)
+  rows = make_batches(4, packed=False, steps=1)[0]
+  batch = {k: np.repeat(v, 2, axis=0) for k, v in rows.items()}  # rows 2j, 2j+1 alike
+  params = jax.device_get(trainer.init_state(0).params)
+  step_key = jax.random.fold_in(jax.random.key(0), 0)
+  expected = []
+  for i in range(2):
+    logits = trainer.model.apply({"params": params}, rows["inputs"], rows["targets"], train=True,
+                                 rngs={"dropout": jax.random.fold_in(step_key, i)})
+    sums = loss_sums(logits, rows["targets"], trainer.config.label_smoothing)
+    expected.append(float(sums["loss"]))
+  assert expected[0] != expected[1]
+  runs = [train(trainer, [batch, batch]) for _ in range(2)]
+  np.testing.assert_allclose(runs[0][1][0]["loss"], sum(expected), rtol=1e-6)
+  jax.tree.map(np.testing.assert_array_equal, runs[0][0], runs[1][0])
+  assert [m["loss"] for m in runs[0][1]] == [m["loss"] for m in runs[1][1]]
+
+
+@pytest.mark.parametrize("value", [0, -2, 1.5, True])
+def test_grad_accum_steps_must_be_a_positive_integer(value):
+  config = config_for(1)
+  config.grad_accum_steps = value
+  with pytest.raises(ConfigError, match="grad_accum_steps") as info:
+    validate(config, 1)
+  assert "\n" not in str(info.value)
+  with pytest.raises(ValueError, match="grad_accum_steps"):
+    make_train_step(None, None, 0.1, value)
+
+
+def test_resume_after_kill_with_accumulation_is_bitwise_exact(tmp_path):
+  """kill -9 a run of 3 micro-batches per step (bucketed rows 16 and 8: both padded) after a
+  checkpoint, restart: it ends as the uninterrupted run. A checkpoint does not depend on k: the
+  finished run then goes on with k = 1."""
+  common = ["--config.checkpoint_every_steps=4", "--config.eval_every_steps=100",
+            "--config.log_every_steps=1", "--config.eval_bleu_sentences=4"]
+  overrides = [*common, "--config.num_train_steps=12", "--config.grad_accum_steps=3"]
+  straight = str(tmp_path / "straight")
+  proc = run_main(*TINY, f"--workdir={straight}", *overrides)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+
+  interrupted = str(tmp_path / "interrupted")
+  child = subprocess.Popen(
+    [sys.executable, "-m", "transformer.main", *TINY, f"--workdir={interrupted}", *overrides],
+    cwd=REPO, env=dict(os.environ, XLA_FLAGS=FAST_COMPILE), stdout=subprocess.DEVNULL,
+    stderr=subprocess.DEVNULL,
+  )
+  ckpt, metrics = os.path.join(interrupted, "checkpoints"), os.path.join(interrupted,
+                                                                          "metrics.jsonl")
+  deadline = time.time() + 300
+  while time.time() < deadline and child.poll() is None:
+    done = [d for d in os.listdir(ckpt) if d.isdigit()] if os.path.isdir(ckpt) else []
+    if done and os.path.exists(metrics) and len(read_metrics(interrupted)) >= 6:
+      break
+    time.sleep(0.05)
+  assert child.poll() is None, "the run ended before it could be interrupted"
+  child.send_signal(signal.SIGKILL)
+  child.wait()
+  assert max(r["step"] for r in read_metrics(interrupted)) < 12
+
+  proc = run_main(*TINY, f"--workdir={interrupted}", *overrides)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert_same_run(straight, interrupted, 12)
+
+  more = run_main(*TINY, f"--workdir={straight}", *common, "--config.num_train_steps=13",
+                  "--config.grad_accum_steps=1")
+  assert more.returncode == 0, more.stderr[-3000:]
+  assert "Resumed from the checkpoint of step 12" in more.stderr
+  assert max(r["step"] for r in read_metrics(straight)) == 13
