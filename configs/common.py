@@ -28,14 +28,18 @@ def base_config() -> config_dict.ConfigDict:
   config.data.max_source_len = 64  # tokens incl. EOS; longer training pairs are dropped
   config.data.max_target_len = 64
   config.data.tokens_per_batch = 4096  # global, per side
-  config.data.bucket_lengths = [16, 32, 64]
+  # Length buckets of unpacked batches (and of evaluation and decoding): a list, or 'auto' for
+  # lengths derived from the training split (input_pipeline.derive_buckets). Any type, so that
+  # either can be given on the command line.
+  config.data.bucket_lengths = config_dict.FieldReference([16, 32, 64], field_type=object)
   config.data.eval_batch_size = 256  # global
   config.data.download = False  # allow TFDS to download and prepare missing data
   # Packed training batches (transformer/data/packing.py): rows of these fixed lengths hold
   # several pairs each, instead of one pair per row of a bucket's length.
   config.data.packing = False
   config.data.packed_source_len = 64
-  config.data.packed_target_len = 64
+  # An int, or 'auto': packed_source_len scaled by the corpus's target/source token ratio.
+  config.data.packed_target_len = config_dict.FieldReference(64, field_type=object)
   config.data.numbers_variant = "default"  # numbers corpus size: default (200k) | tiny (2k)
   # Tokenized training split (flat arrays, memory-mapped); None: <workdir>/cache.
   config.data.cache_dir = config_dict.placeholder(str)

@@ -63,11 +63,11 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   config.data.max_source_len = 128
   config.data.max_target_len = 128
   config.data.tokens_per_batch = 4096
-  config.data.bucket_lengths = [16, 32, 48, 64, 96, 128]
+  config.data.bucket_lengths = "auto"  # derived from the corpus (with data.packing=False)
   config.data.eval_batch_size = 64
   config.data.packing = True
   config.data.packed_source_len = 128
-  config.data.packed_target_len = 128
+  config.data.packed_target_len = "auto"  # 128 x the corpus's target/source token ratio
 
   m = config.model
   m.vocab_size = config.data.vocab_size

@@ -57,9 +57,8 @@ def make_config(**data) -> ml_collections.ConfigDict:
       bucket_lengths=[8, 16, 32, 48],
       eval_batch_size=10,
       numbers_variant="tiny",
-    )
+    ) | data
   )
-  config.data.update(data)
   return config
 
 
@@ -444,3 +443,74 @@ def test_wmt14_missing_offline_fails_at_once(tmp_path):
   assert time.monotonic() - start < 10
   message = str(info.value)
   assert "\n" not in message and "tfds build" in message and str(tmp_path / "empty") in message
+
+
+# --- bucket lengths derived from the corpus, packing by default ----------------------------------
+
+
+def test_derived_buckets_are_rounded_quantiles_of_the_lengths():
+  rng = np.random.default_rng(0)
+  longest = np.clip(rng.lognormal(np.log(20), 0.5, 10_000).astype(np.int64), 2, 120)
+  buckets = ip.derive_buckets(longest, count=4, multiple=8)
+  expect = sorted({int(np.ceil(np.sort(longest)[int(np.ceil(q * len(longest))) - 1] / 8) * 8)
+                   for q in (0.25, 0.5, 0.75, 1.0)})
+  assert buckets == expect and buckets[-1] >= longest.max()
+  assert all(b % 8 == 0 for b in buckets)
+  # About a quarter of the examples fall in each bucket.
+  counts = np.bincount(np.searchsorted(buckets, longest), minlength=len(buckets))
+  assert counts.min() > 0.15 * len(longest)
+
+
+def test_auto_buckets_follow_the_training_split_and_pad_less():
+  rng = np.random.default_rng(1)
+  lengths = rng.integers(3, 14, size=(2000, 2))  # short sentences, as in the user's corpus
+  split = TokenizedSplit.from_sequences([np.ones(n, np.int32) for n in lengths[:, 0]],
+                                        [np.ones(n, np.int32) for n in lengths[:, 1]])
+  fixed = ip.TrainBatches(split, make_config(bucket_lengths=[16, 24, 32, 48],
+                                             tokens_per_batch=1024))
+  auto = ip.TrainBatches(split, make_config(bucket_lengths="auto", tokens_per_batch=1024))
+  assert auto.buckets == ip.resolve_buckets(make_config(bucket_lengths="auto"), split)
+  assert auto.buckets[-1] == 16 and len(auto.buckets) > 1
+  assert auto.real_token_fraction() > fixed.real_token_fraction() + 0.05
+  assert [len(b["inputs"][0]) for b in map(auto.batch, range(5))] == [
+    auto.buckets[int(auto._plan(0).bucket[i])] for i in range(5)]  # noqa: SLF001
+
+
+def test_bucket_lengths_field_takes_auto_or_a_list_and_nothing_else():
+  from configs import numbers as numbers_config
+  from transformer.errors import ConfigError
+  from transformer.validate import validate
+
+  config = numbers_config.get_config()
+  config.data.bucket_lengths = "auto"
+  validate(config, 1)
+  for bad in ("big", [32, 16], 7):
+    config.data.bucket_lengths = bad
+    with pytest.raises(ConfigError, match="data.bucket_lengths="):
+      validate(config, 1)
+
+
+@pytest.mark.parametrize("path,arg", [("numbers", None), ("wmt", "base"), ("wmt", "big"),
+                                      ("wmt", "fr_base"), ("wmt", "fr_big"), ("text", None),
+                                      ("text", "fr-en,tsv")])
+def test_every_corpus_config_packs_by_default(path, arg):
+  import importlib
+
+  config = importlib.import_module(f"configs.{path}").get_config(arg)
+  assert config.data.packing is True
+
+
+def test_packed_rows_of_a_short_sentence_corpus_are_almost_all_real_tokens():
+  from configs import text as text_config
+  from transformer.data.packing import PackedBatches
+
+  rng = np.random.default_rng(2)
+  # About 7 words a side (9 pieces with EOS); the target a noisy function of the source.
+  src = np.clip(rng.lognormal(np.log(9), 0.5, 5000).astype(int), 2, 60)
+  tgt = np.clip(np.round(src * 1.1 + rng.normal(0, 2, 5000)).astype(int), 2, 60)
+  lengths = np.stack([src, tgt], 1)
+  split = TokenizedSplit.from_sequences([np.ones(n, np.int32) for n in lengths[:, 0]],
+                                        [np.ones(n, np.int32) for n in lengths[:, 1]])
+  config = text_config.get_config()
+  packed = PackedBatches(split, config)
+  assert packed.real_token_fraction() >= 0.95

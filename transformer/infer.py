@@ -20,6 +20,7 @@ import jax
 from transformer import compilation, storage
 from transformer import sharding as sharding_lib
 from transformer.checkpoint import Checkpointer, average_params, check_meta, run_meta
+from transformer.data import input_pipeline
 from transformer.data.input_pipeline import vocab_path
 from transformer.data.tokenizer import Tokenizer
 from transformer.errors import CheckpointError
@@ -83,6 +84,7 @@ def restore(config: Any, workdir: str, average: int | None = None) -> Restored:
       raise CheckpointError(f"no checkpoint in {checkpointer.directory}: train first")
     state, step = restored
     params, label = state.params, f"step {step}"
+  # The config's buckets ('auto': none, so sources pad to powers of two).
   translator = Translator(model_config, config.decode, mesh, trainer.state_shardings.params,
-                          config.data.bucket_lengths)
+                          input_pipeline.explicit_buckets(config) or ())
   return Restored(tokenizer, trainer, translator, params, label)

@@ -354,7 +354,7 @@ def _train_and_evaluate(config: Any, workdir: str, model_config: ModelConfig,
     writer = MetricWriter(workdir)
     writer.truncate_after(step)
     translator = Translator(model_config, config.decode, mesh, trainer.state_shardings.params,
-                            config.data.bucket_lengths)
+                            data.buckets)
     bleu_pairs = data.references["validation"][: config.eval_bleu_sentences or None]
     logging.info("Model: %s parameters; mesh %s; batch shapes %s",
                  f"{count_params(trainer.abstract_state.params):,}",

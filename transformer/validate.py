@@ -7,6 +7,7 @@ from typing import Any
 
 from transformer import profiling
 from transformer import sharding as sharding_lib
+from transformer.data.input_pipeline import BUCKET_MULTIPLE
 from transformer.errors import ConfigError
 from transformer.model import ModelConfig
 from transformer.model_family import KINDS
@@ -83,12 +84,17 @@ def validate(config: Any, num_devices: int) -> ModelConfig:
   max_src = _int(config, "data.max_source_len", 2)
   max_tgt = _int(config, "data.max_target_len", 2)
   buckets = _get(config, "data.bucket_lengths")
-  if (not buckets or any(isinstance(b, bool) or not isinstance(b, int) or b < 2 for b in buckets)
-      or list(buckets) != sorted(set(buckets))):
+  if buckets == "auto":
+    # Derived from the training split (input_pipeline.derive_buckets): at most the length
+    # limit rounded up to a multiple of BUCKET_MULTIPLE.
+    buckets = [-(-max(max_src, max_tgt) // BUCKET_MULTIPLE) * BUCKET_MULTIPLE]
+  elif (isinstance(buckets, str | bool | int | float) or not buckets
+        or any(isinstance(b, bool) or not isinstance(b, int) or b < 2 for b in buckets)
+        or list(buckets) != sorted(set(buckets))):
     raise ConfigError(
-      f"data.bucket_lengths={list(buckets)!r}: must be increasing integers >= 2"
+      f"data.bucket_lengths={buckets!r}: must be 'auto' or increasing integers >= 2"
     )
-  if buckets[-1] < max(max_src, max_tgt):
+  elif buckets[-1] < max(max_src, max_tgt):
     raise ConfigError(
       f"data.bucket_lengths: the largest ({buckets[-1]}) must be >= max(data.max_source_len, "
       f"data.max_target_len) = {max(max_src, max_tgt)}"
@@ -104,6 +110,8 @@ def validate(config: Any, num_devices: int) -> ModelConfig:
   if not isinstance(packing, bool):
     raise ConfigError(f"data.packing={packing!r}: must be True or False")
   for field in ("data.packed_source_len", "data.packed_target_len"):
+    if field == "data.packed_target_len" and _get(config, field) == "auto":
+      continue  # the source rows' length scaled by the corpus (packing.packed_target_len)
     length = _int(config, field, 2)
     # Positions restart in every segment, so a row needs only a table as long as itself.
     if packing and length > mc.max_len:

@@ -45,9 +45,9 @@ from absl import logging
 from transformer import storage
 from transformer.data import corpora, token_cache
 from transformer.data.batch_rows import check_process, padded_rows, process_rows
+from transformer.data.corpora import Reader
 from transformer.data.errors import DataError
 from transformer.data.packing import PackedBatches
-from transformer.data.corpora import Reader
 from transformer.data.token_cache import TokenizedSplit
 from transformer.data.tokenizer import EOS_ID, Tokenizer, VocabSizeError
 
@@ -163,10 +163,58 @@ def tokenize_pairs(
   return src, tgt
 
 
-def _buckets(config: Any) -> list[int]:
-  buckets = [int(b) for b in config.data.bucket_lengths]
+AUTO = "auto"
+AUTO_BUCKETS = 8  # bucket lengths derived for `data.bucket_lengths='auto'`
+BUCKET_MULTIPLE = 8
+
+
+def derive_buckets(longest: np.ndarray, count: int = AUTO_BUCKETS,
+                   multiple: int = BUCKET_MULTIPLE) -> list[int]:
+  """Bucket lengths from a length distribution: its quantiles 1/count, 2/count, ..., 1, each
+  rounded up to a multiple of `multiple` (so about as many examples fall in each bucket, and
+  the longest example fits the last).
+
+  Args:
+    longest: [n] length of each example (the longer of its two sides), n >= 1.
+  """
+  quantiles = np.quantile(longest, np.arange(1, count + 1) / count, method="higher")
+  return sorted({int(-(-int(q) // multiple) * multiple) for q in quantiles})
+
+
+def explicit_buckets(config: Any) -> list[int] | None:
+  """`data.bucket_lengths` when the config lists them; None for 'auto'."""
+  value = config.data.bucket_lengths
+  if isinstance(value, str):
+    if value != AUTO:
+      raise ValueError(f"config.data.bucket_lengths must be {AUTO!r} or a list, got {value!r}")
+    return None
+  buckets = [int(b) for b in value]
   if not buckets or buckets != sorted(set(buckets)) or buckets[0] < 1:
     raise ValueError(f"config.data.bucket_lengths must be increasing positive ints, got {buckets}")
+  return buckets
+
+
+def resolve_buckets(config: Any, split: TokenizedSplit) -> list[int]:
+  """The config's bucket lengths, or for 'auto' the ones `derive_buckets` finds in the training
+  split's pairs within the length limits (read from the token cache's offsets: ~0.1 s for
+  WMT14's 4.5M pairs, and always in step with the cache)."""
+  buckets = explicit_buckets(config)
+  if buckets is not None:
+    return buckets
+  src, tgt = split.source_lengths(), split.target_lengths()
+  keep = (src <= config.data.max_source_len) & (tgt <= config.data.max_target_len)
+  if not keep.any():
+    raise DataError("no training example fits config.data.max_source_len/max_target_len")
+  return derive_buckets(np.maximum(src, tgt)[keep])
+
+
+def _buckets(config: Any) -> list[int]:
+  """Explicit bucket lengths, or for 'auto' (no training split at hand) powers of two up to the
+  length limits."""
+  buckets = explicit_buckets(config)
+  if buckets is None:
+    limit = max(int(config.data.max_source_len), int(config.data.max_target_len))
+    buckets = [2**k for k in range(4, max(4, (limit - 1).bit_length()) + 1)]
   return buckets
 
 
@@ -200,6 +248,7 @@ class TrainBatches:
     batch_multiple: int = 1,
     process_index: int = 0,
     process_count: int = 1,
+    buckets: Sequence[int] | None = None,
   ):
     """Filters the examples by length; the ids stay where they are (e.g. memory-mapped).
 
@@ -212,13 +261,14 @@ class TrainBatches:
       process_index, process_count: this process returns rows
         [process_index * R / process_count, (process_index + 1) * R / process_count) of each
         global batch of R rows.
+      buckets: the bucket lengths; default `resolve_buckets(config, split)`.
     """
     check_process(process_index, process_count)
     self.split = split
     self.seed = int(config.seed)
     self.process_index = process_index
     self.process_count = process_count
-    self.buckets = _buckets(config)
+    self.buckets = list(buckets) if buckets else resolve_buckets(config, split)
     src_len, tgt_len = split.source_lengths(), split.target_lengths()
     longest = np.maximum(src_len, tgt_len)
     keep = (
@@ -337,12 +387,14 @@ def _gather(flat: np.ndarray, offsets: np.ndarray, examples: np.ndarray, rows: i
 
 
 def train_batches(split: TokenizedSplit, config: Any, *, batch_multiple: int = 1,
-                  process_index: int = 0, process_count: int = 1
-                  ) -> TrainBatches | PackedBatches:
-  """The training batches `config.data.packing` asks for: packed, or bucketed (the default)."""
-  cls = PackedBatches if config.data.get("packing", False) else TrainBatches
-  return cls(split, config, batch_multiple=batch_multiple, process_index=process_index,
-             process_count=process_count)
+                  process_index: int = 0, process_count: int = 1,
+                  buckets: Sequence[int] | None = None) -> TrainBatches | PackedBatches:
+  """The training batches `config.data.packing` asks for: packed, or bucketed."""
+  if config.data.get("packing", False):
+    return PackedBatches(split, config, batch_multiple=batch_multiple,
+                         process_index=process_index, process_count=process_count)
+  return TrainBatches(split, config, batch_multiple=batch_multiple, process_index=process_index,
+                      process_count=process_count, buckets=buckets)
 
 
 def _truncate(ids: np.ndarray | Sequence[int], limit: int) -> np.ndarray:
@@ -359,6 +411,7 @@ def eval_batches(
   *,
   process_index: int = 0,
   process_count: int = 1,
+  buckets: Sequence[int] | None = None,
 ) -> list[Batch]:
   """Fixed-shape evaluation batches covering every example exactly once.
 
@@ -371,13 +424,15 @@ def eval_batches(
     config: reads `data.{eval_batch_size, bucket_lengths, max_source_len, max_target_len}`.
     batch_multiple: as for `TrainBatches`; a multiple of `process_count`.
     process_index, process_count: this process gets rows [i * B / P, (i + 1) * B / P).
+    buckets: the bucket lengths (e.g. the training batches'); default: the config's, or for
+      'auto' powers of two.
 
   Returns:
     A list of {'inputs': [B_local, L] int32, 'targets': [B_local, L] int32,
     'indices': [B_local] int32}, where `indices` is each row's position in `pairs_ids` (-1 for
     a padding row) and L is the smallest bucket length that holds the batch.
   """
-  buckets = _buckets(config)
+  buckets = list(buckets) if buckets else _buckets(config)
   rows = padded_rows(int(config.data.eval_batch_size), batch_multiple, process_count)
   src_limit = min(int(config.data.max_source_len), buckets[-1])
   tgt_limit = min(int(config.data.max_target_len), buckets[-1])
@@ -410,12 +465,16 @@ class Pipeline:
 
   tokenizer: Tokenizer
   train: TrainBatches | PackedBatches
+  # Bucket lengths of evaluation and decoding (and of bucketed training batches): the config's,
+  # or derived from the training split for 'auto'.
+  buckets: list[int]
   eval: dict[str, list[Batch]]  # 'validation' and 'test' batches (this process's rows).
   references: dict[str, list[tuple[str, str]]]  # 'validation' and 'test' (source, target).
 
 
 def evaluation_data(config: Any, reader: Reader, tokenizer: Tokenizer, batch_multiple: int,
-                    *, process_index: int = 0, process_count: int = 1
+                    *, process_index: int = 0, process_count: int = 1,
+                    buckets: Sequence[int] | None = None,
                     ) -> tuple[dict[str, list[Batch]], dict[str, list[tuple[str, str]]]]:
   """Batches (this process's rows) and reference pairs of 'validation' and 'test'."""
   evals, references = {}, {}
@@ -423,7 +482,8 @@ def evaluation_data(config: Any, reader: Reader, tokenizer: Tokenizer, batch_mul
     references[name] = reader.read_pairs(name)
     s, t = tokenize_pairs(tokenizer, references[name])
     evals[name] = eval_batches(list(zip(s, t, strict=True)), config, batch_multiple,
-                               process_index=process_index, process_count=process_count)
+                               process_index=process_index, process_count=process_count,
+                               buckets=buckets)
   return evals, references
 
 
@@ -446,11 +506,16 @@ def build_pipeline(
   tok = get_tokenizer(config, workdir, reader, builder=builder)
   split = token_cache.load_or_build(reader, "train", tok, token_cache.cache_root(config, workdir),
                                     builder=builder)
+  buckets = resolve_buckets(config, split)
+  if explicit_buckets(config) is None:
+    logging.info("bucket lengths derived from the training split: %s", buckets)
   train = train_batches(split, config, batch_multiple=batch_multiple,
-                        process_index=process_index, process_count=process_count)
+                        process_index=process_index, process_count=process_count, buckets=buckets)
   evals, references = evaluation_data(config, reader, tok, batch_multiple,
-                                      process_index=process_index, process_count=process_count)
+                                      process_index=process_index, process_count=process_count,
+                                      buckets=buckets)
   logging.info("training pairs: %s kept, %s longer than the limits; real tokens %.1f%% of the "
                "batches", f"{train.num_examples:,}", f"{train.num_dropped:,}",
                100 * train.real_token_fraction())
-  return Pipeline(tokenizer=tok, train=train, eval=evals, references=references)
+  return Pipeline(tokenizer=tok, train=train, buckets=buckets, eval=evals,
+                  references=references)

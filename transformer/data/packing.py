@@ -54,6 +54,28 @@ def packing_kwargs(batch: dict[str, Any]) -> dict[str, Any]:
   return {k: batch[k] for k in PACKING_KEYS if k in batch}
 
 
+AUTO = "auto"
+LENGTH_MULTIPLE = 8
+
+
+def packed_target_len(config: Any, src_len: np.ndarray, tgt_len: np.ndarray) -> int:
+  """`data.packed_target_len`, or for 'auto' the source rows' length scaled by the corpus's
+  target/source token ratio (over the pairs within the length limits), rounded up to a multiple
+  of 8 and at most `model.max_len`: rows whose two sides fill at the same pace, so that a
+  corpus whose target runs longer or shorter than its source is not padded on one side.
+
+  Args:
+    src_len, tgt_len: [n] token lengths of the training pairs.
+  """
+  value = config.data.packed_target_len
+  if value != AUTO:
+    return int(value)
+  keep = (src_len <= config.data.max_source_len) & (tgt_len <= config.data.max_target_len)
+  ratio = float(tgt_len[keep].sum()) / max(float(src_len[keep].sum()), 1.0)
+  length = -(-int(np.ceil(int(config.data.packed_source_len) * ratio)) // LENGTH_MULTIPLE)
+  return int(min(max(length * LENGTH_MULTIPLE, LENGTH_MULTIPLE), config.model.max_len))
+
+
 def first_fit_decreasing(src_len: np.ndarray, tgt_len: np.ndarray, rows: int, source_len: int,
                          target_len: int) -> np.ndarray:
   """Places items into `rows` rows of (source_len, target_len): the row of each item, or -1.
@@ -190,8 +212,8 @@ class PackedBatches:
     self.process_index = process_index
     self.process_count = process_count
     self.source_len = int(config.data.packed_source_len)
-    self.target_len = int(config.data.packed_target_len)
     src_len, tgt_len = split.source_lengths(), split.target_lengths()
+    self.target_len = packed_target_len(config, src_len, tgt_len)
     keep = (
       (src_len <= min(config.data.max_source_len, self.source_len))
       & (tgt_len <= min(config.data.max_target_len, self.target_len))
