@@ -1,4 +1,4 @@
-"""Your own parallel corpus from plain-text files: `configs/text.py[:SRC-TGT][,tsv]`.
+"""Your own parallel corpus from plain-text files: `configs/text.py[:SRC-TGT][,tsv][,small]`.
 
 Two line-aligned files per split, one per language (line i of one translates line i of the
 other), given by language code:
@@ -21,9 +21,10 @@ Files may be gzip'ed and local or `gs://...`. Pairs with an empty side are skipp
 in the log. The token cache and the vocabulary are keyed by the files' contents, so an edited
 file is tokenized again and an unchanged one never is.
 
-The model is a small Transformer that trains on a CPU (3 + 3 layers, d_model 256, 4 heads,
-pre-layer-norm, a shared vocabulary of 8,000 pieces) on packed rows; override any field, or
-start from `configs/wmt.py` with `--config.dataset=text` for the paper's sizes.
+The model is a small Transformer (3 + 3 layers, d_model 256, 4 heads, pre-layer-norm, a shared
+vocabulary of 8,000 pieces) on packed rows; `,small` takes the offline default's model instead
+(2 + 2 layers, d_model 128: minutes on a CPU, for short sentences). Override any field, or start
+from `configs/wmt.py` with `--config.dataset=text` for the paper's sizes.
 """
 
 import re
@@ -35,11 +36,11 @@ from configs import common
 
 def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   parts = [p for p in (arg or "").split(",") if p]
-  tsv = "tsv" in parts
-  pairs = [p for p in parts if p != "tsv"]
+  tsv, small = "tsv" in parts, "small" in parts
+  pairs = [p for p in parts if p not in ("tsv", "small")]
   if len(pairs) > 1 or any(not re.fullmatch(r"[A-Za-z_]+-[A-Za-z_]+", p) for p in pairs):
     raise ValueError(f"bad argument {arg!r} of configs/text.py: use SRC-TGT (e.g. en-de), "
-                     "optionally with ,tsv")
+                     "optionally with ,tsv and ,small")
   src, tgt = (pairs[0] if pairs else "en-de").split("-")
   config = common.base_config()
   config.name = f"text-{src}-{tgt}"
@@ -70,7 +71,7 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   config.data.packed_target_len = "auto"  # 128 x the corpus's target/source token ratio
 
   m = config.model
-  m.vocab_size = config.data.vocab_size
+  m.vocab_size = config.data.get_ref("vocab_size")  # follows --config.data.vocab_size
   m.num_layers = 3
   m.d_model = 256
   m.d_ff = 1024
@@ -89,4 +90,18 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   config.average_last_checkpoints = 3
   config.eval_bleu_sentences = 500
   config.decode.max_extra_len = 64
+
+  if small:
+    # The offline default's sizes (configs/numbers.py): 2 + 2 layers, d_model 128, no dropout.
+    config.data.tokens_per_batch = 2048
+    config.data.max_source_len = config.data.max_target_len = 64
+    config.data.packed_source_len = 64
+    m.num_layers, m.d_model, m.d_ff, m.num_heads = 2, 128, 256, 4
+    m.dropout_rate = 0.0
+    m.pre_layer_norm = False
+    m.max_len = 128
+    config.optimizer.warmup_steps = 400
+    config.num_train_steps = 2500
+    config.eval_bleu_sentences = 200
+    config.decode.max_extra_len = 10
   return config

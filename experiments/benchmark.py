@@ -38,6 +38,9 @@ _MATMUL_DTYPE = flags.DEFINE_enum("matmul_dtype", "float32", ["float32", "bfloat
                                   "Precision of the matmul that measures the machine's rate.")
 _PACKED = flags.DEFINE_integer("packed_segments", 0, "Packed rows of this many segments per "
                                "side (segment ids and positions); 0: unpacked rows.")
+_PROFILE_STEPS = flags.DEFINE_integer(
+  "profile_steps", 0, "After the timed steps, this many more under the JAX profiler: the "
+  "record's `profile` holds the costliest XLA ops and the share of each part of the model.")
 _PRNG_IMPL = flags.DEFINE_enum(
   "prng_impl", None, ["threefry2x32", "rbg", "unsafe_rbg"],
   "Set jax_default_prng_impl (the dropout RNG) before building; default: JAX's own.")
@@ -57,7 +60,8 @@ def main(argv: list[str]) -> None:
   try:
     r = step_cost.run_benchmark(_CONFIG.value, _BATCH_SIZE.value, _SRC_LEN.value, _TGT_LEN.value,
                                 _STEPS.value, _WARMUP.value, _MATMUL_SIZE.value,
-                                _MATMUL_REPEATS.value, _PACKED.value, _MATMUL_DTYPE.value)
+                                _MATMUL_REPEATS.value, _PACKED.value, _MATMUL_DTYPE.value,
+                                _PROFILE_STEPS.value)
   except UserError as e:
     fail(str(e))
   if r["step_s"] is not None:
@@ -68,6 +72,12 @@ def main(argv: list[str]) -> None:
           f"({r['matmul_flops_per_s'] / 1e9:.1f} GFLOP/s)", flush=True)
   print(f"compile {r['compile_s']:.1f} s, temp {r['temp_memory_bytes']} B, "
         f"peak {r['peak_memory_bytes']} B", flush=True)
+  if r["profile"]:
+    for c in r["profile"]["categories"]:
+      print(f"{100 * c['share']:5.1f}%  {c['seconds'] * 1e3:8.1f} ms  {c['category']}", flush=True)
+    for op in r["profile"]["top_ops"]:
+      print(f"{100 * op['share']:5.1f}%  {op['seconds'] * 1e3:8.1f} ms  {op['op']} {op['shape']}: "
+            f"{op['source']}", flush=True)
   print(json.dumps(r), flush=True)
 
 

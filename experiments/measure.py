@@ -298,6 +298,52 @@ class PeakRSS:
     self._thread.join()
 
 
+# ----------------------------------------------------------------------------- op profiles
+
+
+# An instruction of a compiled HLO module: `%name = shape opcode(...` and its op_name metadata.
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+) = (\(.*?\)|\S+) ([\w\-]+)\(")
+_OP_NAME = re.compile(r'op_name="([^"]*)"')
+
+
+def hlo_instructions(hlo_text: str) -> dict[str, dict[str, str]]:
+  """Every instruction of a compiled HLO module (its `as_text()`), by name: its opcode, result
+  shape and the JAX source it came from (`op_name` metadata, '' when absent)."""
+  out = {}
+  for line in hlo_text.splitlines():
+    m = _INSTRUCTION.match(line)
+    if m:
+      source = _OP_NAME.search(line)
+      out[m.group(1)] = {"opcode": m.group(3), "shape": m.group(2),
+                         "op_name": source.group(1) if source else ""}
+  return out
+
+
+def trace_op_seconds(trace_dir: str) -> dict[str, float]:
+  """Seconds per event name, summed over all threads, in the perfetto trace that
+  `jax.profiler.trace(trace_dir, create_perfetto_trace=True)` wrote (the newest one).
+
+  On XLA:CPU every executed HLO instruction (a fusion, a dot, a copy) is an event named after
+  it; Python frames and runtime events are there too, under other names.
+  """
+  import glob
+  import gzip
+  import json
+  import os
+
+  paths = glob.glob(os.path.join(trace_dir, "plugins", "profile", "*", "perfetto_trace.json.gz"))
+  if not paths:
+    raise FileNotFoundError(f"no perfetto trace under {trace_dir}")
+  with gzip.open(max(paths, key=os.path.getmtime)) as f:
+    trace = json.load(f)
+  events = trace["traceEvents"] if isinstance(trace, dict) else trace
+  seconds: dict[str, float] = {}
+  for e in events:
+    if e.get("ph") == "X":
+      seconds[e["name"]] = seconds.get(e["name"], 0.0) + e.get("dur", 0) * 1e-6
+  return seconds
+
+
 # ----------------------------------------------------------------------------- HLO loops
 
 

@@ -53,6 +53,9 @@ _BATCHES = flags.DEFINE_integer("batches", 1000, "Batches timed for the host's b
 _OUT = flags.DEFINE_string("out", os.path.join("experiments", "results", "pipeline"),
                            "Report path without extension (.md and .json).")
 _CHILD = flags.DEFINE_bool("child", False, "Internal: run one start, print its JSON line.")
+_COMPILE_THREADS = flags.DEFINE_integer(
+  "compile_threads", 0, "Threads that compile the batch shapes' programs; 0: as training does "
+  "(transformer.compilation.compile_threads).")
 
 # Peak dense bfloat16 throughput (transformer/hardware.py), for the rate an accelerator
 # consumes: Colab's TPU v2-8 (4 chips, 8 cores) and an H100 SXM. MFU 0.4 is a typical
@@ -111,7 +114,8 @@ def one_start(config: Any, workdir: str, batches: int) -> dict[str, Any]:
   state = trainer.init_state(config.seed)
   t_compile = time.time()
   with compilation.CompileCounter() as compiles:
-    compiled = trainer.precompile(train.shapes(), eval_shapes(evals["validation"] + evals["test"]))
+    compiled = trainer.precompile(train.shapes(), eval_shapes(evals["validation"] + evals["test"]),
+                                  _COMPILE_THREADS.value or None)
   compile_seconds = time.time() - t_compile
   batch = sharding_lib.local_batch_to_global(train.batch(0), mesh)
   state, metrics = trainer.train_step(state, batch, jax.random.key(0))
@@ -146,6 +150,7 @@ def one_start(config: Any, workdir: str, batches: int) -> dict[str, Any]:
     # Within the first step: the ahead-of-time compile, its programs and cache loads.
     "compile_seconds": compile_seconds, "programs_compiled": compiles.compiles,
     "programs_from_cache": compiles.cache_hits,
+    "compile_threads": _COMPILE_THREADS.value or compilation.compile_threads(compiles.compiles),
     "batches_per_second": rate, "mean_batch_positions": positions / batches,
     "real_token_fraction": train.real_token_fraction(),
     "train_examples": len(split), "kept_examples": train.num_examples,
@@ -215,8 +220,9 @@ def write_report(config: Any, runs: dict[str, dict[str, Any]], warm: dict[str, A
       "rows that round a batch up to the devices both count as padding).\n",
       "## Restart with a warm compilation cache\n",
       report.markdown_table(
-        ["restart", "compile (s)", "programs loaded from the cache", "to the first step (s)"],
-        [[label, f"{r['compile_seconds']:.1f}",
+        ["restart", "compile (s)", "compile threads", "programs loaded from the cache",
+         "to the first step (s)"],
+        [[label, f"{r['compile_seconds']:.1f}", r["compile_threads"],
           f"{r['programs_from_cache']} of {r['programs_compiled']}",
           f"{r['to_first_step_seconds']:.1f}"]
          for label, r in (("empty compilation cache", restart), ("warm compilation cache", warm))]),

@@ -48,6 +48,8 @@ _RSS_LIMIT = flags.DEFINE_float("rss_limit_gib", 4.0,
 GROWTH_TOLERANCE = 1.5
 GIB = 2.0**30
 FIRST_STEP = "first step"  # pipeline_benchmark's stage after the data path
+# The starts of a record (pipeline_benchmark's runs and its warm-cache restart).
+FIRST, COLD, WARM = "first start", "restart", "warm restart"
 
 
 def data_stages(run: dict[str, Any]) -> list[dict[str, Any]]:
@@ -58,27 +60,22 @@ def data_stages(run: dict[str, Any]) -> list[dict[str, Any]]:
 
 def summary(record: dict[str, Any]) -> dict[str, Any]:
   """The numbers of one pipeline_benchmark record that the scaling report compares."""
-  runs = record["runs"]
-  first, restart = runs["first start"], runs["restart"]
-
-  def by_stage(run: dict[str, Any]) -> dict[str, dict[str, float]]:
-    return {s["stage"]: s for s in run["stages"]}
-
-  def data_peak(run: dict[str, Any]) -> float:
-    return max(s["peak_rss_bytes"] for s in data_stages(run))
-
+  runs = {FIRST: record["runs"]["first start"], COLD: record["runs"]["restart"]}
+  if record.get("warm_compilation_cache"):
+    runs[WARM] = record["warm_compilation_cache"]
+  first, restart = runs[FIRST], runs[COLD]
+  stages = {s["stage"]: s for s in first["stages"]}
   return {
     "pairs": restart["train_examples"],
-    "first_start_s": first["to_first_step_seconds"],
-    "restart_s": restart["to_first_step_seconds"],
-    "restart_data_s": sum(s["seconds"] for s in data_stages(restart)),
-    "vocabulary_s": by_stage(first)["vocabulary"]["seconds"],
-    "token_cache_s": by_stage(first)["token cache"]["seconds"],
+    "starts": {label: {
+      "to_first_step_s": run["to_first_step_seconds"],
+      "data_s": sum(s["seconds"] for s in data_stages(run)),
+      "data_peak_bytes": max(s["peak_rss_bytes"] for s in data_stages(run)),
+      "stages": {s["stage"]: s for s in run["stages"]},
+    } for label, run in runs.items()},
+    "vocabulary_s": stages["vocabulary"]["seconds"],
+    "token_cache_s": stages["token cache"]["seconds"],
     "token_cache_bytes": restart.get("token_cache_bytes"),
-    "first_start_stages": by_stage(first),
-    "restart_stages": by_stage(restart),
-    "first_start_data_peak": data_peak(first),
-    "restart_data_peak": data_peak(restart),
     "data_stage_names": [s["stage"] for s in data_stages(restart)],
     "step_xla_bytes": restart["step_xla_bytes"],
     "command": record["command"],
@@ -95,101 +92,105 @@ def linear_fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
 
 def check_promises(rows: list[dict[str, Any]], restart_limit: float,
                    rss_limit: float) -> list[tuple[str, bool, str]]:
-  """(promise, holds, evidence) for the restart time and each data stage's peak RSS."""
+  """(promise, holds, evidence): each restart's time to the first step, and every start's
+  data-path peak RSS, at every size and against the corpus size (`rows` by size)."""
   small, large = rows[0], rows[-1]
+  factor = f"{large['pairs'] / small['pairs']:.1f}x the pairs"
   checks = []
-  worst = max(rows, key=lambda r: r["restart_s"])
-  checks.append((f"restart to the first step <= {restart_limit:.0f} s at every size",
-                 worst["restart_s"] <= restart_limit,
-                 f"largest {worst['restart_s']:.1f} s, at {worst['pairs']:,} pairs"))
-  for key, what in (("restart_s", "restart to the first step"),
-                    ("restart_data_s", "restart's data path (open ... batch plan)")):
-    growth = large[key] / small[key]
-    checks.append((f"the {what} does not grow with the corpus", growth <= GROWTH_TOLERANCE,
-                   f"{large[key]:.1f} s / {small[key]:.1f} s = {growth:.2f}x for "
-                   f"{large['pairs'] / small['pairs']:.1f}x the pairs"))
-  for start in ("first_start", "restart"):
-    label = start.replace("_", " ")
-    peaks = [(r[f"{start}_data_peak"], r["pairs"]) for r in rows]
-    peak, pairs = max(peaks)
-    checks.append((f"{label}: peak host RSS of every data stage <= {rss_limit:.0f} GiB",
-                   peak <= rss_limit * GIB, f"largest {peak / GIB:.2f} GiB, at {pairs:,} pairs"))
-    growth = large[f"{start}_data_peak"] / small[f"{start}_data_peak"]
-    checks.append((f"{label}: peak host RSS of the data path does not grow with the corpus",
-                   growth <= GROWTH_TOLERANCE,
-                   f"{large[f'{start}_data_peak'] / GIB:.2f} GiB / "
-                   f"{small[f'{start}_data_peak'] / GIB:.2f} GiB = {growth:.2f}x"))
+  for label in [k for k in large["starts"] if k != FIRST]:
+    times = [(r["starts"][label]["to_first_step_s"], r["pairs"]) for r in rows]
+    worst, at = max(times)
+    checks.append((f"{label}: to the first step <= {restart_limit:.0f} s at every size",
+                   worst <= restart_limit, f"largest {worst:.1f} s, at {at:,} pairs"))
+    a, b = small["starts"][label]["data_s"], large["starts"][label]["data_s"]
+    checks.append((f"{label}: the data path's time (open ... batch plan) does not grow with "
+                   "the corpus", b / a <= GROWTH_TOLERANCE,
+                   f"{b:.1f} s / {a:.1f} s = {b / a:.2f}x for {factor}"))
+  for label in large["starts"]:
+    peaks = [(r["starts"][label]["data_peak_bytes"], r["pairs"]) for r in rows]
+    peak, at = max(peaks)
+    checks.append((f"{label}: peak host RSS of every data-path stage <= {rss_limit:.0f} GiB",
+                   peak <= rss_limit * GIB, f"largest {peak / GIB:.2f} GiB, at {at:,} pairs"))
+    a, b = (r["starts"][label]["data_peak_bytes"] for r in (small, large))
+    checks.append((f"{label}: the data path's peak host RSS does not grow with the corpus",
+                   b / a <= GROWTH_TOLERANCE,
+                   f"{b / GIB:.2f} GiB / {a / GIB:.2f} GiB = {b / a:.2f}x for {factor}"))
   return checks
+
+
+def stage_table(rows: list[dict[str, Any]], sizes: list[str], cell: Any) -> str:
+  """A table of `cell(stage record)` per stage (rows) and per start and size (columns)."""
+  labels = list(rows[-1]["starts"])
+  header = ["stage"] + [f"{label}, {z}" for label in labels for z in sizes]
+  body = []
+  for stage in rows[-1]["starts"][FIRST]["stages"]:
+    body.append([stage] + [report.fmt(cell(r["starts"][label]["stages"].get(stage)))
+                           for label in labels for r in rows])
+  return report.markdown_table(header, body)
 
 
 def write_report(rows: list[dict[str, Any]], extrapolate: list[int], command: str) -> None:
   sizes = [f"{r['pairs'] / 1e6:.1f}M" for r in rows]
+  labels = list(rows[-1]["starts"])
   main_rows = [[
-    f"{r['pairs']:,}", f"{r['first_start_s']:.1f}", f"{r['restart_s']:.1f}",
+    f"{r['pairs']:,}", *[f"{r['starts'][k]['to_first_step_s']:.1f}" for k in labels],
     f"{r['vocabulary_s']:.1f}", f"{r['token_cache_s']:.1f}",
     report.fmt(None if r["token_cache_bytes"] is None else r["token_cache_bytes"] / GIB),
-    f"{r['first_start_data_peak'] / GIB:.2f}", f"{r['restart_data_peak'] / GIB:.2f}",
+    *[f"{r['starts'][k]['data_peak_bytes'] / GIB:.2f}" for k in labels],
   ] for r in rows]
-  stages = list(rows[0]["first_start_stages"])
-  rss_rows = []
-  for stage in stages:
-    cells = [f"{r[f'{s}_stages'][stage]['peak_rss_bytes'] / GIB:.2f}"
-             for s in ("first_start", "restart") for r in rows]
-    rss_rows.append([stage, *cells])
-  time_rows = []
-  for stage in stages:
-    cells = [f"{r[f'{s}_stages'][stage]['seconds']:.1f}"
-             for s in ("first_start", "restart") for r in rows]
-    time_rows.append([stage, *cells])
-  cols = [f"first start {z}" for z in sizes] + [f"restart {z}" for z in sizes]
+  main_header = (["training pairs"] + [f"{k}: to the first step (s)" for k in labels]
+                 + ["vocabulary (s)", "token cache build (s)", "token cache on disk (GiB)"]
+                 + [f"{k}: data-path peak RSS (GiB)" for k in labels])
 
   pairs = [r["pairs"] for r in rows]
-  fits = {"first start to the first step (s)": [r["first_start_s"] for r in rows],
-          "token cache build (s)": [r["token_cache_s"] for r in rows],
-          "restart to the first step (s)": [r["restart_s"] for r in rows]}
+  fits = {f"{k}: to the first step (s)": [r["starts"][k]["to_first_step_s"] for r in rows]
+          for k in labels}
+  fits["token cache build (s)"] = [r["token_cache_s"] for r in rows]
   if all(r["token_cache_bytes"] is not None for r in rows):
     fits["token cache on disk (GiB)"] = [r["token_cache_bytes"] / GIB for r in rows]
+  fits.update({f"{k}: data-path peak RSS (GiB)": [r["starts"][k]["data_peak_bytes"] / GIB
+                                                  for r in rows] for k in labels})
   fit_rows, fit_records = [], {}
   for name, ys in fits.items():
     slope, intercept = linear_fit(pairs, ys)
     at = [slope * n + intercept for n in extrapolate]
     fit_records[name] = {"slope_per_million_pairs": slope * 1e6, "intercept": intercept,
                          "extrapolated": dict(zip(map(str, extrapolate), at, strict=True))}
-    fit_rows.append([name, f"{slope * 1e6:.2f}", f"{intercept:.1f}", *[f"{v:.1f}" for v in at]])
+    fit_rows.append([name, f"{slope * 1e6:.3f}", f"{intercept:.2f}",
+                     *[f"{v:.2f}" for v in at]])
   how = ("the line through the two measured sizes" if len(rows) == 2
          else f"a least-squares line through the {len(rows)} measured sizes")
 
   checks = check_promises(rows, _RESTART_LIMIT.value, _RSS_LIMIT.value)
   check_lines = [f"- {'holds' if ok else '**violated**'}: {what} ({why})."
                  for what, ok, why in checks]
-  step = rows[-1]
+  last = rows[-1]
   report.write_markdown(
     _OUT.value + ".md", "The data path against the corpus size: WMT14 English-French",
     "Made by `experiments/pipeline_scaling.py` from the records of "
     "`experiments/pipeline_benchmark.py` (method in their docstrings), one per corpus size: "
     "the synthetic `wmt14_translate/fr-en` of `experiments/synthetic_wmt.py --pair=fr-en` "
     "(the real TFDS builder and layout, nonsense text with WMT-like lengths) at "
-    f"{', '.join(f'{n:,}' for n in pairs)} training pairs; each benchmark runs a first start "
-    "on an empty workdir and a restart, each in a fresh process, with a tiny model so that the "
+    f"{', '.join(f'{n:,}' for n in pairs)} training pairs. Each benchmark runs, each in a "
+    f"fresh process: a {FIRST} on an empty workdir, a {COLD} (vocabulary and token cache "
+    f"present, an empty JAX compilation cache), and a {WARM} (the first start's compilation "
+    "cache: the default, a cache under the local cache root); with a tiny model, so that the "
     "data path dominates.",
     {**{f"corpus {z} ({r['date']}, load {report.fmt(r['load_avg_1m'])})": r["command"]
         for z, r in zip(sizes, rows, strict=True)}, "this report": command},
     [
       "## Results\n",
-      report.markdown_table(
-        ["training pairs", "first start to the first step (s)",
-         "restart to the first step (s)", "vocabulary (s)", "token cache build (s)",
-         "token cache on disk (GiB)", "peak RSS data path, first start (GiB)",
-         "peak RSS data path, restart (GiB)"], main_rows),
+      report.markdown_table(main_header, main_rows),
       "Peak host RSS per stage (GiB):\n",
-      report.markdown_table(["stage", *cols], rss_rows),
+      stage_table(rows, sizes,
+                  lambda s: None if s is None else f"{s['peak_rss_bytes'] / GIB:.2f}"),
       "Seconds per stage:\n",
-      report.markdown_table(["stage", *cols], time_rows),
-      f"- The first step's RSS is the step's own buffers: XLA accounts "
-      f"{step['step_xla_bytes'] / GIB:.2f} GiB for the first batch (logits over the "
-      "vocabulary and their gradient); on a CPU they are host memory, on a GPU or TPU device "
-      "memory. The data path's peak is the largest of the stages before the first step "
-      f"({', '.join(step['data_stage_names'])}).\n",
+      stage_table(rows, sizes, lambda s: None if s is None else f"{s['seconds']:.1f}"),
+      f"- The data path is the stages before the first step "
+      f"({', '.join(last['data_stage_names'])}). The first step's RSS is mostly the step's own "
+      f"buffers: XLA accounts {last['step_xla_bytes'] / GIB:.2f} GiB for the first batch "
+      "(logits over the vocabulary and their gradient); on a CPU they are host memory, on a "
+      "GPU or TPU device memory.\n",
       "## Promises\n",
       *check_lines,
       "",
@@ -202,9 +203,7 @@ def write_report(rows: list[dict[str, Any]], extrapolate: list[int], command: st
     ],
   )
   report.write_json(_OUT.value + ".json", {
-    "command": command, "hardware": report.hardware(),
-    "sizes": [{k: v for k, v in r.items() if not k.endswith("_stages")} for r in rows],
-    "fits": fit_records,
+    "command": command, "hardware": report.hardware(), "sizes": rows, "fits": fit_records,
     "promises": [{"promise": w, "holds": ok, "evidence": why} for w, ok, why in checks],
   })
 

@@ -33,14 +33,17 @@ LSTM_KINDS = ("lstm", "lstm_noattn")
 def measure_step(config: Any, mc: Any, batch_size: int, src_len: int, tgt_len: int, *,
                  steps: int, warmup: int = 1,
                  should_run: Callable[[dict[str, Any]], str | None] | None = None,
-                 devices: Sequence[Any] | None = None, segments: int = 0) -> dict[str, Any]:
+                 devices: Sequence[Any] | None = None, segments: int = 0,
+                 profile_steps: int = 0) -> dict[str, Any]:
   """Compiles the train step for [batch, src_len] / [batch, tgt_len]; memory, loops, time.
 
   `segments` > 0: packed rows of that many segments per side (`measure.random_batch`).
 
   Unless `steps` is 0 or `should_run(record)` gives a reason not to (kept as
   `timing_skipped`), runs `warmup` untimed and `steps` timed steps: step_s is the best,
-  step_cpu_s the least CPU time (all threads of this process) of a timed step.
+  step_cpu_s the least CPU time (all threads of this process) of a timed step. Then
+  `profile_steps` more steps run under the JAX profiler, untimed: `profile` is their
+  `op_profile`.
   """
   import jax
   import numpy as np
@@ -63,7 +66,7 @@ def measure_step(config: Any, mc: Any, batch_size: int, src_len: int, tgt_len: i
     **{f"hlo_{k}": v for k, v in measure.loop_iterations(compiled.as_text()).items()},
     "params": count_params(trainer.abstract_state.params),
     "step_s": None, "step_s_median": None, "step_times_s": [], "step_cpu_s": None,
-    "step_cpu_s_median": None, "first_step_s": None, "timing_skipped": None,
+    "step_cpu_s_median": None, "first_step_s": None, "timing_skipped": None, "profile": None,
   }
   why = should_run(record) if should_run is not None else None
   if steps == 0 or why:
@@ -76,8 +79,8 @@ def measure_step(config: Any, mc: Any, batch_size: int, src_len: int, tgt_len: i
     measure.random_batch(host, batch_size, src_len, tgt_len, mc.vocab_size, segments), mesh)
     for _ in range(warmup + steps)]
   jax.block_until_ready(batches)
-  _, metrics, times, cpu = measure.time_steps(compiled, trainer.init_state(seed), batches,
-                                              jax.random.key(seed))
+  state, metrics, times, cpu = measure.time_steps(compiled, trainer.init_state(seed), batches,
+                                                  jax.random.key(seed))
   loss = float(metrics["loss"] / metrics["tokens"])
   if not np.isfinite(loss):
     raise RuntimeError(f"the measured step produced a non-finite loss ({loss})")
@@ -85,16 +88,83 @@ def measure_step(config: Any, mc: Any, batch_size: int, src_len: int, tgt_len: i
   record.update(step_s=min(timed), step_s_median=statistics.median(timed), step_times_s=timed,
                 step_cpu_s=min(timed_cpu), step_cpu_s_median=statistics.median(timed_cpu),
                 first_step_s=times[0], last_loss=loss)
+  if profile_steps:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as trace_dir:
+      with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
+        measure.time_steps(compiled, state, [batches[i % len(batches)]
+                                             for i in range(profile_steps)], jax.random.key(seed))
+      record["profile"] = op_profile(measure.trace_op_seconds(trace_dir), compiled.as_text(),
+                                     profile_steps)
   return record
+
+
+# (category, words of the op's JAX source, any of which puts it there), first match wins. The
+# source is the `op_name` of the HLO instruction (of a fusion: of its root), forward and
+# backward alike; model parts are named as in model.py.
+OP_CATEGORIES = (
+  ("output projection (tied embedding or logits layer)", ("embed.attend", "/logits/")),
+  ("embedding lookup and its gradient", ("/embed/",)),
+  ("dropout (masks and scaling)", ("Dropout", "dropout", "threefry", "random_bits")),
+  ("layer norm", ("/norm/", "final_norm")),
+  ("residual adds", ("_block/add",)),
+  ("feed-forward", ("feed_forward",)),
+  ("attention: Q, K, V, O projections", ("dhk->", "hkd->")),
+  ("attention: scores, softmax, weights x values", ("attention",)),
+  ("other model ops", ("Transformer",)),
+  ("loss: log-softmax, cross-entropy, argmax", ("jvp(",)),
+  ("optimizer and metrics: Adam, norms, non-finite guard", ("jit(train_step)/", "state.")),
+  ("copies without a source", ("",)),
+)
+
+
+def op_category(op_name: str) -> str:
+  """The OP_CATEGORIES entry of an HLO instruction's JAX source."""
+  return next(name for name, words in OP_CATEGORIES if any(w in op_name for w in words))
+
+
+def op_profile(op_seconds: dict[str, float], hlo_text: str, steps: int,
+               top: int = 8) -> dict[str, Any]:
+  """Where the compiled step's time goes, from a profiler trace (`measure.trace_op_seconds`).
+
+  Keeps the events named after an instruction of the compiled module (`hlo_text`), except
+  loops and calls, whose bodies are events of their own. Seconds are per step, summed over
+  the threads that ran the op; shares are of their total (which exceeds the step's wall time
+  when both cores work). Returns {'op_seconds_per_step', 'top_ops': the `top` costliest
+  instructions with their share, shape, source and category, 'categories': every category's
+  seconds and share, costliest first}.
+  """
+  instructions = measure.hlo_instructions(hlo_text)
+  ops = {name: secs / steps for name, secs in op_seconds.items()
+         if name in instructions
+         and instructions[name]["opcode"] not in ("while", "call", "conditional")}
+  total = sum(ops.values()) or 1.0
+  by_category: dict[str, float] = {}
+  for name, secs in ops.items():
+    category = op_category(instructions[name]["op_name"])
+    by_category[category] = by_category.get(category, 0.0) + secs
+  top_ops = [{"op": name, "seconds": secs, "share": secs / total,
+              "shape": instructions[name]["shape"].split("{")[0],
+              "source": instructions[name]["op_name"],
+              "category": op_category(instructions[name]["op_name"])}
+             for name, secs in sorted(ops.items(), key=lambda kv: -kv[1])[:top]]
+  return {
+    "op_seconds_per_step": sum(ops.values()), "steps": steps, "top_ops": top_ops,
+    "categories": [{"category": c, "seconds": v, "share": v / total}
+                   for c, v in sorted(by_category.items(), key=lambda kv: -kv[1])],
+  }
 
 
 def run_benchmark(config: Any, batch_size: int, src_len: int, tgt_len: int, steps: int,
                   warmup_steps: int = 2, matmul_size: int = 2048, matmul_repeats: int = 5,
-                  packed_segments: int = 0, matmul_dtype: str = "float32") -> dict[str, Any]:
+                  packed_segments: int = 0, matmul_dtype: str = "float32",
+                  profile_steps: int = 0) -> dict[str, Any]:
   """experiments/benchmark.py's JSON record: `measure_step` on the config's mesh, the model
   FLOPs of the PyTorch peer's formula and the fraction of the matmul rate measured in
   `matmul_dtype`. Packed rows (`packed_segments` > 0) count FLOPs as unpacked rows of the
   same shape: attention over a whole row, although it stays inside each segment.
+  `profile_steps` > 0 adds the `op_profile` of that many more steps (`measure_step`).
 
   Raises ConfigError for a config or shape the benchmark cannot run.
   """
@@ -110,7 +180,8 @@ def run_benchmark(config: Any, batch_size: int, src_len: int, tgt_len: int, step
                           ("--tgt_len", tgt_len, 1), ("--steps", steps, 0),
                           ("--warmup_steps", warmup_steps, 0), ("--matmul_size", matmul_size, 1),
                           ("--matmul_repeats", matmul_repeats, 1),
-                          ("--packed_segments", packed_segments, 0)))
+                          ("--packed_segments", packed_segments, 0),
+                          ("--profile_steps", profile_steps, 0)))
   with config.unlocked():
     config.data.vocab_size = config.model.vocab_size  # no data here: keep validation happy
   mc = validate(config, jax.device_count())
@@ -130,7 +201,7 @@ def run_benchmark(config: Any, batch_size: int, src_len: int, tgt_len: int, step
     "benchmark": "transformer train_step", "step_s_stat": "best",
     "model_flops_per_step": flops, "tokens_per_step": tokens,
     **measure_step(config, mc, batch_size, src_len, tgt_len, steps=steps, warmup=warmup_steps,
-                   segments=packed_segments),
+                   segments=packed_segments, profile_steps=profile_steps),
     "warmup_steps": warmup_steps if steps else 0, "d_model": mc.d_model,
     "layers": mc.num_layers, "heads": mc.num_heads, "head_dim": mc.head_dim, "d_ff": mc.d_ff,
     "vocab": mc.vocab_size, "dtype": str(mc.compute_dtype), "attention": mc.attention,

@@ -9,8 +9,9 @@ project, and torch only inside `main`, so that this file can be imported (for it
 where torch is missing.
 
 The model is the paper's base Transformer on torch.nn.Transformer, set as our model is by
-default: post-layer-norm without the final encoder and decoder norms that nn.Transformer adds,
-embeddings times sqrt(d_model) plus sinusoidal positions, dropout on those sums and inside every
+default: post-layer-norm without the final encoder and decoder norms that nn.Transformer adds
+(`--pre_layer_norm`: norm first in every sublayer, with those final norms, as ours with
+`model.pre_layer_norm=True`), embeddings times sqrt(d_model) plus sinusoidal positions, dropout on those sums and inside every
 sublayer, one embedding matrix shared by source, target and the output projection, the decoder
 fed the targets shifted right (0 first) under a causal mask. Loss: cross-entropy with label
 smoothing (torch's form: eps / V on every token; ours puts eps / (V - 1) on the others, which
@@ -47,7 +48,7 @@ if TYPE_CHECKING:
 # Python names of the defaults: the paper's base model at the benchmark's shapes.
 DEFAULTS = {
   "vocab": 8192, "d_model": 512, "layers": 6, "heads": 8, "d_ff": 2048, "dropout": 0.1,
-  "label_smoothing": 0.1, "batch_size": 32, "src_len": 64, "tgt_len": 64,
+  "label_smoothing": 0.1, "batch_size": 32, "src_len": 64, "tgt_len": 64, "pre_layer_norm": False,
 }
 INSTALL = "pip install -r requirements-peer.txt"
 
@@ -114,6 +115,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                  help="encoder layers, and as many decoder layers")
   p.add_argument("--heads", type=_positive, default=d["heads"])
   p.add_argument("--d_ff", type=_positive, default=d["d_ff"])
+  p.add_argument("--pre_layer_norm", action="store_true", default=d["pre_layer_norm"],
+                 help="x + Sublayer(LayerNorm(x)), with a final norm after each stack")
   p.add_argument("--dropout", type=_probability, default=d["dropout"])
   p.add_argument("--label_smoothing", type=_probability, default=d["label_smoothing"])
   p.add_argument("--batch_size", "--batch", type=_positive, default=d["batch_size"],
@@ -165,10 +168,12 @@ def build_model(args: argparse.Namespace) -> torch.nn.Module:
       self.register_buffer("positions", positions, persistent=False)
       self.dropout = nn.Dropout(args.dropout)
       self.core = nn.Transformer(d, args.heads, args.layers, args.layers, args.d_ff,
-                                 dropout=args.dropout, batch_first=True)
-      # Post-layer-norm as in the paper: no norm after the last layer of either stack.
-      self.core.encoder.norm = None
-      self.core.decoder.norm = None
+                                 dropout=args.dropout, batch_first=True,
+                                 norm_first=args.pre_layer_norm)
+      if not args.pre_layer_norm:
+        # Post-layer-norm as in the paper: no norm after the last layer of either stack.
+        self.core.encoder.norm = None
+        self.core.decoder.norm = None
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
       x = self.embedding(ids) * self.scale + self.positions[: ids.shape[1]]
@@ -272,6 +277,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     "layers": args.layers,
     "heads": args.heads,
     "d_ff": args.d_ff,
+    "pre_layer_norm": args.pre_layer_norm,
     "vocab": args.vocab,
     "dtype": "float32",
     "dropout": args.dropout,

@@ -160,7 +160,7 @@ def test_fr_en_is_deterministic_and_its_own_stream():
 
 def test_fr_en_statistics_and_french_rules():
   fr, en = [], []
-  for f, e in sw.generate_chunks("train", 3 * sw.CHUNK_SIZE, pair="fr-en"):
+  for f, e in sw.generate_chunks("train", 2 * sw.CHUNK_SIZE, pair="fr-en"):
     fr += f
     en += e
   n_en = np.array([len(s.split()) for s in en])
@@ -185,7 +185,7 @@ def test_fr_en_statistics_and_french_rules():
     for w in e.rstrip(".?!:").split():
       w = w.rstrip(",;:")
       if w[:1].isdigit():
-        assert sw._decimal_comma(w) in f, (w, f)
+        assert w.translate(str.maketrans(",.", ".,")) in f, (w, f)
 
 
 def test_capitalised_french_letters():

@@ -57,7 +57,7 @@ def use_persistent_cache(cache_dir: str | None) -> str | None:
   path = default_cache_dir() if cache_dir is None else cache_dir
   if path:
     try:
-      path = os.fspath(storage.check_writable(path, "compilation_cache_dir"))
+      path = os.fspath(storage.check_writable(path, "--config.compilation_cache_dir"))
     except ConfigError as e:
       logging.warning("%s; compiling without the persistent compilation cache", e)
       path = None
@@ -77,7 +77,7 @@ def use_persistent_cache(cache_dir: str | None) -> str | None:
 class CompileCounter:
   """Counts XLA compiles and persistent-cache hits while open (`with CompileCounter() as c`).
 
-  Counts are kept per thread as well (`compiles_in(thread_id)`), so a thread that compiles one
+  Hits are kept per thread as well (`hits_in(thread_id)`), so a thread that compiles one
   program at a time can tell whether its program came from the cache.
   """
 
@@ -124,9 +124,9 @@ class CompileCounter:
 def compile_threads(programs: int) -> int:
   """Threads for compiling `programs` programs at once: one per 4 cores, at least one.
 
-  XLA compiles a program with several threads of its own; on 2 shared cores, 4 programs in 4
-  threads took longer than one after the other (78 s against 60 s for the tiny model's
-  training step on 8 simulated devices), so a small host compiles them in turn.
+  XLA compiles a program with threads of its own, so on a small host several compiles at once
+  only compete for the same cores (on 2 cores, 4 threads were no faster than one:
+  `experiments.pipeline_benchmark --compile_threads`); a many-core host compiles in parallel.
   """
   return max(1, min(programs, (os.cpu_count() or 1) // 4))
 

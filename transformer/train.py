@@ -135,18 +135,20 @@ class Trainer:
             for k, n in keys.items()}
 
   def precompile(self, train_shapes: Iterable[Sequence[int]],
-                 eval_shapes: Iterable[Sequence[int]] = ()) -> dict[tuple, Any]:
+                 eval_shapes: Iterable[Sequence[int]] = (),
+                 threads: int | None = None) -> dict[tuple, Any]:
     """Compiles the training step for every batch shape in `train_shapes` and the evaluation
-    step for every (rows, length) in `eval_shapes` (global rows), before the first step; the
-    steps then run these programs (see `train_step`). Returns the training step's programs by
-    `shape_key` (e.g. for their memory analysis)."""
+    step for every (rows, length) in `eval_shapes` (global rows), before the first step, in
+    `threads` threads (default: `compilation.compile_threads`); the steps then run these
+    programs (see `train_step`). Returns the training step's programs by `shape_key` (e.g. for
+    their memory analysis)."""
     train = {shape_key(spec): spec for spec in map(self.batch_spec, train_shapes)}
     evals = {shape_key(spec): spec for spec in map(self.batch_spec, eval_shapes)}
     lowered = {f"training step, {_shape_label(spec)}": (lambda s=spec: self.lower_train_step(s))
                for spec in train.values()}
     lowered.update({f"evaluation step, {_shape_label(spec)}":
                     (lambda s=spec: self.lower_eval_step(s)) for spec in evals.values()})
-    compiled = compilation.compile_all(lowered)
+    compiled = compilation.compile_all(lowered, threads)
     for key, spec in train.items():
       self._compiled_train[key] = compiled[f"training step, {_shape_label(spec)}"]
     for key, spec in evals.items():
@@ -373,7 +375,11 @@ def _train_and_evaluate(config: Any, workdir: str, model_config: ModelConfig,
       trainer.precompile(data.train.shapes(),
                          eval_shapes(data.eval["validation"] + data.eval["test"]))
       trainer.learning_rate(step)
-    peak = hardware.peak_of(jax.devices()[0].device_kind)  # None on a CPU: no MFU
+    kind = jax.devices()[0].device_kind
+    peak = hardware.peak_of(kind)  # None on a CPU: no MFU
+    if peak is not None:
+      logging.info("MFU against the dense bf16 peak of %d x %s: %.0f TFLOP/s each",
+                   jax.device_count(), kind, peak / 1e12)
     rng = jax.random.key(config.seed)
     meter = Meter(step, count_params(trainer.abstract_state.params),
                   None if peak is None else peak * jax.device_count())

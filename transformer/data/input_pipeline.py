@@ -128,8 +128,6 @@ def get_tokenizer(config: Any, workdir: str, reader: Reader | None, *,
           "split): use a new --workdir, or delete its vocab/, cache/ and checkpoints/"
         )
   else:
-    if fingerprint is not None:
-      storage.write_atomic(corpus, fingerprint)
     if reader is None or reader.num_examples("train") == 0:
       raise DataError("cannot train a vocabulary: the training split is empty")
     texts = vocabulary_sample(reader, int(config.data.spm_train_sentences), config.seed)
@@ -141,6 +139,8 @@ def get_tokenizer(config: Any, workdir: str, reader: Reader | None, *,
         f"config.data.vocab_size={config.data.vocab_size} is too large for the "
         f"{config.dataset} training sample: SentencePiece can make at most {e.max_size} pieces"
       ) from None
+    if fingerprint is not None:
+      storage.write_atomic(corpus, fingerprint)
   if tok.vocab_size != config.data.vocab_size:
     raise DataError(
       f"{path} has {tok.vocab_size} ids but config.data.vocab_size is "
