@@ -345,3 +345,23 @@ def test_mismatched_text_files_exit_2_with_one_line_before_any_work(tmp_path):
   errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
   assert len(errors) == 1 and "has 50 lines but" in errors[0] and "short.de has 1" in errors[0]
   assert "Traceback" not in proc.stderr and not os.path.exists(tmp_path / "w")
+
+
+def test_text_files_in_a_bucket_read_as_local_ones(gcs, tmp_path):
+  from transformer import storage
+
+  write_corpus(tmp_path, 60, gz=True)
+  for lang in ("en", "de"):
+    data = (tmp_path / f"train.{lang}.gz").read_bytes()
+    storage.as_path(gcs.path(f"corpus/train.{lang}.gz")).write_bytes(data)
+  local, remote = text_cfg(tmp_path, heldout_pairs=10), text_cfg(tmp_path, heldout_pairs=10)
+  for lang in ("en", "de"):
+    local.data.train_files[lang] = str(tmp_path / f"train.{lang}.gz")
+    remote.data.train_files[lang] = gcs.path(f"corpus/train.{lang}.gz")
+  a, b = corpora.open_corpus(local), corpora.open_corpus(remote)
+  assert b.fingerprint() == a.fingerprint()
+  assert b.read_pairs("train") == a.read_pairs("train") == list(nb.generate("train", 60))[:40]
+  remote.data.train_files.de = gcs.path("corpus/missing.de")
+  with pytest.raises(DataError, match=r"^data.train_files.de: gs://\S+/corpus/missing.de does "
+                                      r"not exist$"):
+    corpora.open_corpus(remote)
