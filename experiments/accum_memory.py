@@ -2,22 +2,23 @@
 
     python -m experiments.accum_memory
 
-Memory: the train step of `--config` (default configs/wmt.py:base, vocabulary 37,000) for one
+Memory: the train step of `--config` (default: configs/wmt.py:base, vocabulary 37,000) for one
 batch of `--rows` x `--length` tokens per side (96 x 256 = 24,576, about the paper's 25,000),
 compiled ahead of time on one device for each k of `--memory_k`, never run
 (`step_cost.measure_step` with no steps): XLA's memory analysis of the compiled step
 (`measure.memory_stats`), temp bytes (activations kept for the backward pass, gradients and
 their accumulators, workspace) and the peak (arguments + outputs - aliased + temp).
 
-Time: the step of `--time_config` (default configs/numbers.py, a small model) on its packed
+Time: the step of `--time_config` (default: configs/numbers.py, a small model) on its packed
 batch shape (rows = data.tokens_per_batch // the longer packed length; with data.packing off,
 the largest bucket on both sides) on this host's first device for each k of `--time_k`. After
-one untimed step each, every round runs `--steps_per_round` steps of each k in turn
+one untimed round (compiling), every round runs `--steps_per_round` steps of each k in turn
 (`measure.time_interleaved`), so that the load of a shared machine falls on all alike; the
 ratios to k = 1 are of the median round. Each k trains from the same state on the same
 random batches, and the report gives how far its losses are from k = 1's.
 
-Writes `--out`.md and .json.
+Fields of either model can be overridden when its file is given, e.g.
+`--config=configs/wmt.py:base --config.model.dropout_rate=0`. Writes `--out`.md and .json.
 """
 
 from __future__ import annotations
@@ -32,9 +33,9 @@ from experiments import measure, report, step_cost
 from transformer.errors import UserError, fail, parse_flags
 
 _CONFIG = config_flags.DEFINE_config_file(
-  "config", "configs/wmt.py:base", "Model of the memory part.", lock_config=False)
+  "config", None, "Model of the memory part; default configs/wmt.py:base.", lock_config=False)
 _TIME_CONFIG = config_flags.DEFINE_config_file(
-  "time_config", "configs/numbers.py", "Model and batch shape of the time part.",
+  "time_config", None, "Model and batch shape of the time part; default configs/numbers.py.",
   lock_config=False)
 _ROWS = flags.DEFINE_integer("rows", 96, "Memory part: rows of the batch.")
 _LENGTH = flags.DEFINE_integer("length", 256, "Memory part: source and target tokens per row.")
@@ -89,7 +90,15 @@ def memory_by_k(config: Any, rows: int, length: int, ks: list[int]) -> list[dict
 def batch_shape(config: Any) -> tuple[int, int, int, int]:
   """(rows, source length, target length, packed segments per row) of a training batch of
   `config`: packed rows as data.packing plans them, or rows of the largest bucket."""
+  from transformer.errors import ConfigError
+
   d = config.data
+  fields = ("packed_source_len", "packed_target_len") if d.packing else ("bucket_lengths",)
+  for field in fields:
+    if d[field] == "auto":  # derived from a corpus; none is read here
+      example = "[32,64]" if field == "bucket_lengths" else "64"
+      raise ConfigError(f"--time_config: data.{field}='auto' needs the corpus; set it, e.g. "
+                        f"--time_config.data.{field}={example}")
   if d.packing:
     src, tgt = int(d.packed_source_len), int(d.packed_target_len)
     return max(1, int(d.tokens_per_batch) // max(src, tgt)), src, tgt, 2
@@ -209,15 +218,18 @@ def main(argv: list[str]) -> None:
     time_k = [int(k) for k in _TIME_K.value]
   except ValueError:
     fail("--memory_k and --time_k are lists of integers, e.g. --memory_k=1,2,4,8")
+  from configs import numbers, wmt
+
+  config = _CONFIG.value or wmt.get_config("base")
+  time_config = _TIME_CONFIG.value or numbers.get_config()
   try:
     check_ks("--memory_k", memory_k)
     check_ks("--time_k", time_k)
-    timing = time_by_k(_TIME_CONFIG.value, time_k, _ROUNDS.value, _STEPS.value) if time_k else []
-    memory = memory_by_k(_CONFIG.value, _ROWS.value, _LENGTH.value, memory_k)
+    timing = time_by_k(time_config, time_k, _ROUNDS.value, _STEPS.value) if time_k else []
+    memory = memory_by_k(config, _ROWS.value, _LENGTH.value, memory_k)
   except UserError as e:
     fail(str(e))
-  write_report(_OUT.value, _CONFIG.value, _TIME_CONFIG.value, memory, timing,
-               report.command_line())
+  write_report(_OUT.value, config, time_config, memory, timing, report.command_line())
   print(f"wrote {_OUT.value}.md", flush=True)
 
 

@@ -127,6 +127,16 @@ def dot_product_attention(
     raise ValueError(
       f"attention implementation {implementation!r} is not one of {', '.join(IMPLEMENTATIONS)}"
     )
+  # Names its ops in profiles (experiments/step_cost.py), apart from the projections around it.
+  with jax.named_scope("dot_product_attention"):
+    return _attention(query, key, value, mask, kv_mask, is_causal, q_segment_ids,
+                      kv_segment_ids, dropout_rate, dropout_rng, dropout_bits, deterministic,
+                      implementation, chunk_size, precision)
+
+
+def _attention(query, key, value, mask, kv_mask, is_causal, q_segment_ids, kv_segment_ids,
+               dropout_rate, dropout_rng, dropout_bits, deterministic, implementation,
+               chunk_size, precision):
   if (q_segment_ids is None) != (kv_segment_ids is None):
     raise ValueError("q_segment_ids and kv_segment_ids are given together or not at all")
   segments = None if q_segment_ids is None else (q_segment_ids, kv_segment_ids)

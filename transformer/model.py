@@ -345,18 +345,21 @@ class FeedForward(nn.Module):
 
   @nn.compact
   def __call__(self, x: Array, deterministic: bool = True) -> Array:
+    lead = x.shape[:-1]
+    # Both products on the tokens flattened into rows, as in `project`.
     h = nn.Dense(
       self.d_ff, dtype=self.dtype, param_dtype=jnp.float32,
       kernel_init=_init(("embed", "mlp")), bias_init=_init(("mlp",), nn.initializers.zeros),
       name="wi",
-    )(x)
+    )(x.reshape(-1, x.shape[-1]))
     h = nn.relu(h)
-    h = _constrain(h, ("batch", "length", "mlp"))
-    return nn.Dense(
+    h = _constrain(h.reshape(*lead, self.d_ff), ("batch", "length", "mlp"))
+    y = nn.Dense(
       self.d_model, dtype=self.dtype, param_dtype=jnp.float32,
       kernel_init=_init(("mlp", "embed")), bias_init=_init(("embed",), nn.initializers.zeros),
       name="wo",
-    )(h)
+    )(h.reshape(-1, self.d_ff))
+    return y.reshape(*lead, self.d_model)
 
 
 def make_dropout(cfg: ModelConfig) -> dropout_lib.Dropout:

@@ -61,26 +61,49 @@ def cross_entropy(logits: Array, targets: Array, label_smoothing: float) -> tupl
   logits float32 [b, t, V], targets int [b, t]. The smoothed target puts 1 - eps on the
   reference and eps / (V - 1) on every other token (section 5.4); its own entropy is
   subtracted so that a perfect prediction scores 0. Returns (smoothed [b, t], nll [b, t]).
+
+  The gradient with respect to the logits is written out (p - q for the smoothed loss, p minus
+  the one-hot target for nll, p = softmax(logits)): one elementwise pass over [b, t, V]. The
+  derived one keeps log p, scatters into a zeroed [b, t, V] array for the target's entry and
+  makes several more passes; on CPU, where the step is memory-bound there, that cost as much
+  as the output projection's matrix products.
   """
   vocab = logits.shape[-1]
   confidence = 1.0 - label_smoothing
   low = label_smoothing / (vocab - 1)
-  z = logits.astype(jnp.float32)
-  # log p_v = z_v - logsumexp(z), as jax.nn.log_softmax, but no [b, t, V] log p is kept: on
-  # CPU each extra pass over it costs about as much as the whole loss otherwise.
-  shift = jax.lax.stop_gradient(z.max(-1, keepdims=True))
-  log_z = shift[..., 0] + jnp.log(jnp.exp(z - shift).sum(-1))
-  # The target's logit as a masked sum, not a gather: its gradient is then an elementwise
-  # select that fuses, rather than a scatter into a zeroed [b, t, V] array.
-  at_target = jnp.arange(vocab) == targets[..., None]
-  nll = log_z - jnp.where(at_target, z, 0.0).sum(-1)
-  if label_smoothing == 0.0:
-    return nll, nll
-  # sum_v q_v * -log p_v with q = low everywhere except `confidence` at the target, and
-  # sum_v log p_v = sum_v z_v - V logsumexp(z).
-  smoothed = confidence * nll - low * (z.sum(-1) - vocab * log_z + nll)
   normalizer = -(confidence * jnp.log(confidence) + (vocab - 1) * low * jnp.log(low + 1e-20))
-  return smoothed - normalizer, nll
+
+  def forward(logits, targets):
+    z = logits.astype(jnp.float32)
+    shift = z.max(-1)
+    log_z = shift + jnp.log(jnp.exp(z - shift[..., None]).sum(-1))  # log sum_v exp z_v
+    nll = log_z - jnp.take_along_axis(z, targets[..., None], axis=-1)[..., 0]
+    # sum_v q_v * -log p_v with q = low everywhere except `confidence` at the target, and
+    # sum_v log p_v = sum_v z_v - V log_z.
+    smoothed = confidence * nll - low * (z.sum(-1) - vocab * log_z + nll) - normalizer
+    return (smoothed, nll), log_z
+
+  @jax.custom_vjp
+  def smoothed_and_nll(logits, targets):
+    return forward(logits, targets)[0]
+
+  def forward_with_residuals(logits, targets):
+    out, log_z = forward(logits, targets)
+    return out, (logits, targets, log_z)
+
+  def backward(residuals, cotangents):
+    logits, targets, log_z = residuals
+    d_smoothed, d_nll = cotangents
+    p = jnp.exp(logits.astype(jnp.float32) - log_z[..., None])
+    at_target = jnp.arange(vocab) == targets[..., None]
+    # d_smoothed (p - low - (confidence - low) [v = target]) + d_nll (p - [v = target])
+    d_logits = ((d_smoothed + d_nll)[..., None] * p - (low * d_smoothed)[..., None]
+                - jnp.where(at_target, ((confidence - low) * d_smoothed + d_nll)[..., None], 0.0))
+    return d_logits.astype(logits.dtype), None
+
+  smoothed_and_nll.defvjp(forward_with_residuals, backward)
+  smoothed, nll = smoothed_and_nll(logits, targets)
+  return (nll, nll) if label_smoothing == 0.0 else (smoothed, nll)
 
 
 def loss_sums(logits: Array, targets: Array, label_smoothing: float) -> dict[str, Array]:
