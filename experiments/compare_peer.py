@@ -3,14 +3,23 @@
     python -m venv /tmp/torch-peer && /tmp/torch-peer/bin/pip install -r requirements-peer.txt
     python -m experiments.compare_peer --peer_python=/tmp/torch-peer/bin/python
 
-For each of `--rounds` rounds, runs `python -m experiments.benchmark` once per variant, each
-followed by one run of the peer (`experiments/torch_peer.py` by default: torch.nn.Transformer
-at the same shapes, vocabulary 8192, d_model 512, 6 + 6 layers, 8 heads, d_ff 2048, batch 32 x
-64 source + 64 target tokens, dropout 0.1, label smoothing 0.1; `--peer_flags` are passed on to
-it). Alternating spreads the load of a shared machine over both programs alike. Every JSON line
-goes to `--out`.jsonl, and the table (best of the rounds for each side, the ratio of those
-bests, the fractions of each framework's own matmul rate measured in the same run, memory from
-XLA) to `--out`.md. The command written in the table shows the peer's Python as `PY`.
+For each of `--rounds` rounds and each shape of `--shapes` (SHAPES: `small`, a 3 + 3 layer
+pre-layer-norm model of width 256 on batches of 96 x 32 + 32 tokens; `base`, the paper's base
+model on 32 x 64 + 64 tokens; `custom`, no preset), runs `python -m experiments.benchmark` once
+per variant, each followed by one run of the peer (`experiments/torch_peer.py` by default:
+torch.nn.Transformer at the same shapes, dropout 0.1, label smoothing 0.1). `--benchmark_flags`
+and `--peer_flags` are added to every run of ours and of the peer. Alternating spreads the load
+of a shared machine over both programs alike. In the last round, our run of the first variant
+also profiles `--profile_steps` more steps (`step_cost.op_profile`: the costliest XLA ops and
+the share of each part of the model). Every JSON line goes to `--out`.jsonl, and the tables
+(best of the rounds for each side, the ratio of those bests, the fractions of each framework's
+own matmul rate measured in the same run, CPU time, memory from XLA, the profiles) to
+`--out`.md. The command written there shows the peer's Python as `PY`.
+
+Both programs get `XLA_FLAGS=--xla_flags` (empty by default: nothing inherited) and every
+`--env=NAME=VALUE`, e.g. `--xla_flags=--xla_cpu_max_isa=AVX2`, which keeps XLA's generated code
+to AVX2, or `--env=GLIBC_TUNABLES=glibc.malloc.hugetlb=1`, which backs large allocations with
+huge pages (fewer page faults in every step of both programs).
 
 The peer needs PyTorch, which is not in requirements.txt: install requirements-peer.txt in a
 separate virtual environment (the first line above) and pass its Python as `--peer_python`.
@@ -32,11 +41,28 @@ from transformer.errors import fail, parse_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEER = os.path.join(ROOT, "experiments", "torch_peer.py")
-BASE = [
-  "--config=configs/wmt.py:base", "--config.model.dtype=float32",
-  "--config.model.vocab_size=8192", "--config.mesh.data=1",
-  "--batch_size=32", "--src_len=64", "--tgt_len=64",
-]
+# name -> (flags of experiments.benchmark, flags of the peer, description).
+SHAPES = {
+  "small": (
+    ["--config=configs/wmt.py:base", "--config.model.dtype=float32",
+     "--config.model.vocab_size=8000", "--config.mesh.data=1", "--config.model.num_layers=3",
+     "--config.model.d_model=256", "--config.model.d_ff=1024", "--config.model.num_heads=4",
+     "--config.model.pre_layer_norm=True", "--batch_size=96", "--src_len=32", "--tgt_len=32"],
+    ["--vocab", "8000", "--layers", "3", "--d_model", "256", "--d_ff", "1024", "--heads", "4",
+     "--pre_layer_norm", "--batch_size", "96", "--src_len", "32", "--tgt_len", "32"],
+    "3 + 3 layers, d_model 256, d_ff 1024, 4 heads, vocabulary 8000, pre-layer-norm; "
+    "96 x (32 + 32) tokens",
+  ),
+  "base": (
+    ["--config=configs/wmt.py:base", "--config.model.dtype=float32",
+     "--config.model.vocab_size=8192", "--config.mesh.data=1",
+     "--batch_size=32", "--src_len=64", "--tgt_len=64"],
+    [],  # the peer's defaults
+    "6 + 6 layers, d_model 512, d_ff 2048, 8 heads, vocabulary 8192, post-layer-norm; "
+    "32 x (64 + 64) tokens",
+  ),
+  "custom": ([], [], "the shapes of --benchmark_flags and --peer_flags"),
+}
 # name -> extra flags of experiments.benchmark; the peer always runs dropout 0.1.
 VARIANTS = {
   "base": [],
@@ -52,27 +78,33 @@ DESCRIPTIONS = {
 _PEER_PYTHON = flags.DEFINE_string("peer_python", os.environ.get("PEER_PYTHON", ""),
                                    "Python with torch installed (or $PEER_PYTHON).")
 _PEER = flags.DEFINE_string("peer", PEER, "The peer's script (experiments/torch_peer.py).")
-_PEER_FLAGS = flags.DEFINE_list("peer_flags", [], "Extra flags of the peer, e.g. its shapes.")
+_SHAPES = flags.DEFINE_list("shapes", ["small", "base"], f"Presets of {list(SHAPES)}.")
+_PEER_FLAGS = flags.DEFINE_list("peer_flags", [], "Extra flags of every peer run.")
 _BENCHMARK_FLAGS = flags.DEFINE_list(
-  "benchmark_flags", BASE, "Flags of experiments.benchmark shared by every variant (the "
-  "peer's shapes by default).")
-_ROUNDS = flags.DEFINE_integer("rounds", 3, "Rounds; each runs every variant and the peer.")
+  "benchmark_flags", [], "Extra flags of every run of experiments.benchmark (after the "
+  "shape's: a repeated flag takes the last value).")
+_ROUNDS = flags.DEFINE_integer("rounds", 3, "Rounds; each runs every shape, variant and peer.")
 _STEPS = flags.DEFINE_integer("timed_steps", 3, "Timed steps per run (both programs).")
+_PROFILE_STEPS = flags.DEFINE_integer(
+  "profile_steps", 2, "Steps profiled after the timed ones, in the last round (0: none).")
 _VARIANTS = flags.DEFINE_list("variants", list(VARIANTS), f"Subset of {list(VARIANTS)}.")
+_XLA_FLAGS = flags.DEFINE_string("xla_flags", "", "XLA_FLAGS of both programs.")
+_ENV = flags.DEFINE_multi_string("env", [], "NAME=VALUE set for both programs.")
 _OUT = flags.DEFINE_string("out", os.path.join("experiments", "results", "benchmark_vs_peer"),
                            "Output path without extension (.jsonl and .md are written).")
 
 
 def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-  """One row per variant: best of ours, best of the peer runs paired with that variant."""
+  """One row per shape and variant: best of ours, best of the peer runs paired with them."""
   rows = []
-  for name in dict.fromkeys(r["variant"] for r in records):
-    ours = [r for r in records if r["variant"] == name and r["program"] == "ours"]
-    peer = [r for r in records if r["variant"] == name and r["program"] == "peer"]
+  for shape, name in dict.fromkeys((r["shape"], r["variant"]) for r in records):
+    mine = [r for r in records if r["shape"] == shape and r["variant"] == name]
+    ours = [r for r in mine if r["program"] == "ours"]
+    peer = [r for r in mine if r["program"] == "peer"]
     best = max(ours, key=lambda r: r["tokens_per_s"])
     best_peer = max(peer, key=lambda r: r["tokens_per_s"])
     rows.append({
-      "variant": name,
+      "shape": shape, "variant": name,
       "ours_tokens_per_s": [r["tokens_per_s"] for r in ours],
       "peer_tokens_per_s": [r["tokens_per_s"] for r in peer],
       "ours_best": best["tokens_per_s"], "peer_best": best_peer["tokens_per_s"],
@@ -82,41 +114,82 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
       "ours_matmul_gflops": best["matmul_flops_per_s"] / 1e9,
       "peer_matmul_gflops": best_peer["matmul_peak_flops"] / 1e9,  # the peer's name
       "ours_step_cpu_s": min(r["step_cpu_s"] for r in ours),
+      "peer_step_cpu_s": min((r.get("step_cpu_s") or float("nan")) for r in peer),
       "compile_s": min(r["compile_s"] for r in ours),
       "temp_mib": best["temp_memory_bytes"] / 2**20,
+      "profile": next((r["profile"] for r in reversed(ours) if r.get("profile")), None),
     })
   return rows
 
 
+def profile_section(shape: str, profile: dict[str, Any]) -> str:
+  """Markdown: the shares of the model's parts and the costliest ops of one profiled step."""
+  parts = report_lib.markdown_table(
+    ["part of the step (forward and backward)", "share", "ms per step"],
+    [[c["category"], f"{100 * c['share']:.1f}%", f"{1e3 * c['seconds']:.0f}"]
+     for c in profile["categories"] if c["seconds"] > 0])
+  top = report_lib.markdown_table(
+    ["XLA op", "result", "share", "ms per step", "part", "from (JAX source)"],
+    [[f"`{o['op']}`", f"`{o['shape']}`", f"{100 * o['share']:.1f}%",
+      f"{1e3 * o['seconds']:.0f}", o["category"],
+      "`" + o["source"].replace("jit(train_step)/", "")[-90:] + "`"]
+     for o in profile["top_ops"]])
+  return (f"### Where our step's time goes: `{shape}`\n\n{profile['steps']} steps under "
+          f"`jax.profiler`; {1e3 * profile['op_seconds_per_step']:.0f} ms of op time per step, "
+          "summed over the threads that ran each op (`experiments/step_cost.py`, "
+          "`op_profile`).\n\n" + parts + "\n" + top)
+
+
 def write_report(path: str, records: list[dict[str, Any]], command: str) -> str:
   rows = summarize(records)
-  ours0 = next(r for r in records if r["program"] == "ours")
-  peer0 = next(r for r in records if r["program"] == "peer")
   loads = [r["load_at_start"] for r in records]
-  header = ["variant (ours)", "ours tokens/s (runs)", "peer tokens/s (runs)", "ratio",
-            "ours / peer fraction of own matmul rate (GFLOP/s)", "ours best CPU s per step",
-            "compile s", "temp MiB"]
+  peer0 = next(r for r in records if r["program"] == "peer")
+  shapes = list(dict.fromkeys(r["shape"] for r in rows))
+  flops = {(s, p): next(r["model_flops_per_step"] for r in records
+                        if r["shape"] == s and r["program"] == p)
+           for s in shapes for p in ("ours", "peer")}
+  header = ["shape", "variant (ours)", "ours tokens/s (runs)", "peer tokens/s (runs)", "ratio",
+            "ours / peer fraction of own matmul rate (GFLOP/s)",
+            "ours / peer best CPU s per step", "compile s", "temp MiB"]
   table = [[
-    DESCRIPTIONS.get(r["variant"], r["variant"]),
+    f"`{r['shape']}`", DESCRIPTIONS.get(r["variant"], r["variant"]),
     f"**{r['ours_best']:.0f}** (" + ", ".join(f"{x:.0f}" for x in r["ours_tokens_per_s"]) + ")",
     f"**{r['peer_best']:.0f}** (" + ", ".join(f"{x:.0f}" for x in r["peer_tokens_per_s"]) + ")",
     f"**{r['ratio']:.2f}**",
     f"{r['ours_fraction']:.2f} ({r['ours_matmul_gflops']:.0f}) / "
     f"{r['peer_fraction']:.2f} ({r['peer_matmul_gflops']:.0f})",
-    f"{r['ours_step_cpu_s']:.2f}", f"{r['compile_s']:.1f}", f"{r['temp_mib']:.0f}",
+    f"{r['ours_step_cpu_s']:.2f} / {r['peer_step_cpu_s']:.2f}", f"{r['compile_s']:.1f}",
+    f"{r['temp_mib']:.0f}",
   ] for r in rows]
+  shape_lines = "".join(f"- `{s}`: {SHAPES[s][2]}; model FLOPs per step "
+                        f"{flops[s, 'ours']:,} (ours) and {flops[s, 'peer']:,} (peer), by the "
+                        "same formula.\n" for s in shapes)
+  env = " ".join([f"XLA_FLAGS={_XLA_FLAGS.value!r}", *_ENV.value])
+  body = ["## Results\n", report_lib.markdown_table(header, table)]
+  body += [profile_section(r["shape"], r["profile"]) for r in rows if r["profile"]]
   return report_lib.write_markdown(
     path, "Our training step against the PyTorch peer, alternated in one run",
     "Made by `experiments/compare_peer.py` (method in its docstring); every run's JSON line "
     f"is in `{os.path.basename(_OUT.value)}.jsonl`. Tokens/s count source + target tokens; "
-    "each side's best run, ratio = our best / the peer's best. Model FLOPs per step: "
-    f"{ours0['model_flops_per_step']:,} (ours) and {peer0['model_flops_per_step']:,} (peer), "
-    "by the same formula. In the command, `PY` is a Python with torch (requirements-peer.txt); "
-    f"the peer's script is `{report_lib.public_path(_PEER.value)}`.", command,
-    ["## Results\n", report_lib.markdown_table(header, table)],
+    "each side's best run, ratio = our best / the peer's best. CPU s per step: the least CPU "
+    "time (all threads) of a timed step, which moves less than wall time with the load of "
+    "other processes. In the command, `PY` is a Python with torch (requirements-peer.txt); "
+    f"the peer's script is `{report_lib.public_path(_PEER.value)}`. Shapes:\n\n{shape_lines}",
+    command, body,
     machine_note=f"- Peer: torch {peer0.get('torch', '?')}, {peer0.get('threads', '?')} "
     f"threads. Load average (1 min) at the start of the runs: {min(loads):.2f} to "
-    f"{max(loads):.2f}.\n")
+    f"{max(loads):.2f}. Environment of both programs: `{env}`.\n")
+
+
+def parse_env(pairs: list[str]) -> dict[str, str]:
+  """--env values NAME=VALUE as a dict; a value without '=' is a one-line error."""
+  env = {}
+  for pair in pairs:
+    name, sep, value = pair.partition("=")
+    if not sep or not name:
+      fail(f"--env={pair}: expected NAME=VALUE")
+    env[name] = value
+  return env
 
 
 def main(argv: list[str]) -> None:
@@ -125,35 +198,45 @@ def main(argv: list[str]) -> None:
     fail("--peer_python (or $PEER_PYTHON): a Python with torch is needed")
   if not os.path.exists(_PEER.value):
     fail(f"--peer={_PEER.value}: no such file")
-  unknown = set(_VARIANTS.value) - set(VARIANTS)
-  if unknown:
-    fail(f"--variants: unknown {sorted(unknown)}; use {list(VARIANTS)}")
+  for flag, chosen, known in (("--variants", _VARIANTS.value, VARIANTS),
+                              ("--shapes", _SHAPES.value, SHAPES)):
+    unknown = set(chosen) - set(known)
+    if unknown or not chosen:
+      fail(f"{flag}: unknown {sorted(unknown)}; use some of {list(known)}")
+  if "custom" in _SHAPES.value and not _BENCHMARK_FLAGS.value:
+    fail("--shapes=custom: give the shapes in --benchmark_flags (and --peer_flags)")
+  env = {**parse_env(_ENV.value), "XLA_FLAGS": _XLA_FLAGS.value}
+  os.environ["XLA_FLAGS"] = _XLA_FLAGS.value  # the report's machine section names it
   records = []
   jsonl = _OUT.value + ".jsonl"
   os.makedirs(os.path.dirname(jsonl) or ".", exist_ok=True)
   with open(jsonl, "w") as f:
     for round_ in range(_ROUNDS.value):
-      for name in _VARIANTS.value:
-        for program, cmd in (
-          ("ours", [sys.executable, "-m", "experiments.benchmark", *_BENCHMARK_FLAGS.value,
-                    *VARIANTS[name],
-                    f"--steps={_STEPS.value}"]),
-          ("peer", [_PEER_PYTHON.value, _PEER.value, "--repeats", str(_STEPS.value),
-                    *_PEER_FLAGS.value]),
-        ):
-          t = time.time()
-          record = {"variant": name, "program": program, "round": round_,
-                    **measure.run_json(cmd, env={"XLA_FLAGS": ""})}
-          f.write(json.dumps(record) + "\n")
-          f.flush()
-          records.append(record)
-          print(f"[compare_peer] round {round_ + 1}/{_ROUNDS.value} {name:14s} {program}: "
-                f"{record['tokens_per_s']:.0f} tokens/s ({time.time() - t:.0f} s)", flush=True)
+      for shape in _SHAPES.value:
+        ours_flags, peer_flags, _ = SHAPES[shape]
+        for i, name in enumerate(_VARIANTS.value):
+          profile = (_PROFILE_STEPS.value if round_ == _ROUNDS.value - 1 and i == 0 else 0)
+          for program, cmd in (
+            ("ours", [sys.executable, "-m", "experiments.benchmark", *ours_flags,
+                      *_BENCHMARK_FLAGS.value, *VARIANTS[name], f"--steps={_STEPS.value}",
+                      f"--profile_steps={profile}"]),
+            ("peer", [_PEER_PYTHON.value, _PEER.value, "--repeats", str(_STEPS.value),
+                      *peer_flags, *_PEER_FLAGS.value]),
+          ):
+            t = time.time()
+            record = {"shape": shape, "variant": name, "program": program, "round": round_,
+                      **measure.run_json(cmd, env=env)}
+            f.write(json.dumps(record) + "\n")
+            f.flush()
+            records.append(record)
+            print(f"[compare_peer] round {round_ + 1}/{_ROUNDS.value} {shape:6s} {name:14s} "
+                  f"{program}: {record['tokens_per_s']:.0f} tokens/s ({time.time() - t:.0f} s)",
+                  flush=True)
   write_report(_OUT.value + ".md", records,
                report_lib.public_command(report_lib.command_line(), hide=("--peer_python",)))
   for r in summarize(records):
-    print(f"[compare_peer] {r['variant']}: ours {r['ours_best']:.0f} / peer {r['peer_best']:.0f} "
-          f"tokens/s = {r['ratio']:.2f}x")
+    print(f"[compare_peer] {r['shape']} {r['variant']}: ours {r['ours_best']:.0f} / peer "
+          f"{r['peer_best']:.0f} tokens/s = {r['ratio']:.2f}x")
 
 
 if __name__ == "__main__":

@@ -31,8 +31,8 @@ its log:
                     log time less the first window's time (1 / train/steps_per_s per step)
   compile           of which the ahead-of-time compile of every batch shape: from the log line
                     `Model: ...` (just before it) to the first step
-  test BLEU         at the end (`test/bleu`; after a few hundred steps it is low, and only
-                    says that both layouts learn alike)
+  test BLEU         at the end (`test/bleu`), after the same number of steps, not the same
+                    time: the layout with more real tokens per batch has seen more examples
 
 The table shows each side's best run and default / buckets. Writes `--out`.md and .json.
 """

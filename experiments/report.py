@@ -26,8 +26,70 @@ def cpu_model() -> str:
   return platform.processor() or platform.machine()
 
 
+# /proc/cpuinfo flags that decide how fast XLA:CPU and the peers run, in the order reported.
+VECTOR_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni",
+                "avx_vnni", "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve", "sve2")
+
+
+def cpu_kind(flags: set[str], machine: str, xla_flags: str = "") -> str:
+  """A short label of the vector units code can use: 'x86-64 AVX-512', 'x86-64 AVX2', ...
+
+  With `--xla_cpu_max_isa=ISA` in `xla_flags`, XLA:CPU generates code for at most that ISA:
+  the label then says so, e.g. 'x86-64 AVX-512 (AVX2 only for XLA: --xla_cpu_max_isa=AVX2)'.
+  """
+  if {"amx_tile", "amx_bf16"} <= flags:
+    kind = "x86-64 AVX-512 + AMX"
+  elif "avx512f" in flags:
+    kind = "x86-64 AVX-512"
+  elif "avx2" in flags:
+    kind = "x86-64 AVX2"
+  elif "avx" in flags:
+    kind = "x86-64 AVX"
+  elif "sve" in flags:
+    kind = "arm64 SVE"
+  elif "asimd" in flags:
+    kind = "arm64 NEON"
+  else:
+    kind = machine or "unknown"
+  isa = next((w.split("=", 1)[1] for w in xla_flags.split()
+              if w.startswith("--xla_cpu_max_isa=")), "")
+  if isa:
+    kind += f" ({isa} only for XLA: --xla_cpu_max_isa={isa})"
+  return kind
+
+
+def cpu_info(cpuinfo_path: str = "/proc/cpuinfo") -> dict[str, Any]:
+  """The CPU from /proc/cpuinfo (its first processor): model name, family and model numbers,
+  the vector extensions of VECTOR_FLAGS it has, and `cpu_kind`'s label. Where there is no
+  such file (not Linux), the platform module's name and None for what it cannot tell."""
+  fields: dict[str, str] = {}
+  try:
+    with open(cpuinfo_path, encoding="utf-8") as f:
+      for line in f:
+        if not line.strip():
+          if fields:
+            break  # the first processor is enough
+          continue
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+  except OSError:
+    pass
+  flags = set((fields.get("flags") or fields.get("Features") or "").split())
+  machine = platform.machine()
+  number = lambda key: int(fields[key]) if fields.get(key, "").isdigit() else None
+  return {
+    "model_name": fields.get("model name") or platform.processor() or machine,
+    "family": number("cpu family"),
+    "model": number("model"),
+    "vendor": fields.get("vendor_id") or fields.get("CPU implementer"),
+    "vector_extensions": [f for f in VECTOR_FLAGS if f in flags] if flags else None,
+    "kind": cpu_kind(flags, machine, os.environ.get("XLA_FLAGS", "")),
+  }
+
+
 def hardware() -> dict[str, Any]:
-  """What ran the experiment: CPU, cores, load, JAX backend and devices, date."""
+  """What ran the experiment: CPU (and its kind: `cpu_info`), cores, load, JAX backend and
+  devices, date."""
   import jax
 
   try:
@@ -35,9 +97,15 @@ def hardware() -> dict[str, Any]:
   except OSError:
     load = None
   devices = jax.devices()
+  info = cpu_info()
   return {
     "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
     "cpu": cpu_model(),
+    "cpu_kind": info["kind"],
+    "cpu_family": info["family"],
+    "cpu_model_number": info["model"],
+    "cpu_vendor": info["vendor"],
+    "cpu_vector_extensions": info["vector_extensions"],
     "cpu_count": os.cpu_count(),
     "load_avg_1m": load,
     "backend": jax.default_backend(),
@@ -52,10 +120,17 @@ def hardware() -> dict[str, Any]:
 def hardware_markdown(hw: dict[str, Any]) -> str:
   """The `## Machine` section's bullet list of a `hardware()` dict."""
   load = "n/a" if hw["load_avg_1m"] is None else f"{hw['load_avg_1m']:.2f}"
+  numbers = ", ".join(f"{name} {hw[key]}" for name, key in (("family", "cpu_family"),
+                      ("model", "cpu_model_number")) if hw.get(key) is not None)
+  extensions = hw.get("cpu_vector_extensions")
+  detail = "; ".join(x for x in (hw.get("cpu_vendor"), numbers,
+                                 extensions and ", ".join(extensions)) if x)
   return (
     f"- Date: {hw['date']}.\n"
     f"- CPU: `{hw['cpu']}`, {hw['cpu_count']} cores; load average (1 min) {load} when the "
     "report was written (the machine is shared: step times are noisy).\n"
+    f"- CPU kind: **{hw.get('cpu_kind', 'unknown')}**" + (f" ({detail})" if detail else "")
+    + ".\n"
     f"- JAX {hw['jax']}, backend `{hw['backend']}` ({hw['device_kind']}), "
     f"{hw['device_count']} device(s) in the reporting process; `XLA_FLAGS`="
     f"`{hw['xla_flags']}`; Python {hw['python']}.\n"

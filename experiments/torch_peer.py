@@ -11,13 +11,14 @@ where torch is missing.
 The model is the paper's base Transformer on torch.nn.Transformer, set as our model is by
 default: post-layer-norm without the final encoder and decoder norms that nn.Transformer adds
 (`--pre_layer_norm`: norm first in every sublayer, with those final norms, as ours with
-`model.pre_layer_norm=True`), embeddings times sqrt(d_model) plus sinusoidal positions, dropout on those sums and inside every
-sublayer, one embedding matrix shared by source, target and the output projection, the decoder
-fed the targets shifted right (0 first) under a causal mask. Loss: cross-entropy with label
-smoothing (torch's form: eps / V on every token; ours puts eps / (V - 1) on the others, which
-costs the same). Adam(0.9, 0.98, 1e-9) with the paper's learning-rate schedule. Default shapes:
-vocabulary 8192, d_model 512, 6 + 6 layers, 8 heads, d_ff 2048, dropout 0.1, label smoothing
-0.1, batch 32 x 64 source + 64 target tokens, random ids in [2, vocab), no padding.
+`model.pre_layer_norm=True`), embeddings times sqrt(d_model) plus sinusoidal positions,
+dropout on those sums and inside every sublayer, one embedding matrix shared by source, target
+and the output projection, the decoder fed the targets shifted right (0 first) under a causal
+mask. Loss: cross-entropy with label smoothing (torch's form: eps / V on every token; ours
+puts eps / (V - 1) on the others, which costs the same). Adam(0.9, 0.98, 1e-9) with the
+paper's learning-rate schedule. Default shapes: vocabulary 8192, d_model 512, 6 + 6 layers,
+8 heads, d_ff 2048, dropout 0.1, label smoothing 0.1, batch 32 x 64 source + 64 target tokens,
+random ids in [2, vocab), no padding.
 
 Measured as `experiments/benchmark.py` measures ours:
   - `--warmup_steps` untimed steps, then `--repeats` timed ones, each on its own batch made
@@ -40,6 +41,7 @@ import os
 import statistics
 import sys
 import time
+import warnings
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -167,9 +169,11 @@ def build_model(args: argparse.Namespace) -> torch.nn.Module:
       positions = sinusoidal_positions(max(args.src_len, args.tgt_len), d)
       self.register_buffer("positions", positions, persistent=False)
       self.dropout = nn.Dropout(args.dropout)
-      self.core = nn.Transformer(d, args.heads, args.layers, args.layers, args.d_ff,
-                                 dropout=args.dropout, batch_first=True,
-                                 norm_first=args.pre_layer_norm)
+      with warnings.catch_warnings():  # its inference-only nested-tensor path is off anyway
+        warnings.filterwarnings("ignore", message="enable_nested_tensor")
+        self.core = nn.Transformer(d, args.heads, args.layers, args.layers, args.d_ff,
+                                   dropout=args.dropout, batch_first=True,
+                                   norm_first=args.pre_layer_norm)
       if not args.pre_layer_norm:
         # Post-layer-norm as in the paper: no norm after the last layer of either stack.
         self.core.encoder.norm = None

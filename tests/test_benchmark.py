@@ -61,10 +61,25 @@ def test_benchmark_main_one_step():
     "--steps=1",
     "--warmup_steps=1",
     "--matmul_size=128",
+    "--profile_steps=1",
   ]
   proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
   assert proc.returncode == 0, proc.stderr[-3000:]
   r = _last_json(proc.stdout)
+
+  # The profiled step: every part of the model that ran is there, and the shares add up.
+  profile = r["profile"]
+  assert profile["steps"] == 1 and profile["op_seconds_per_step"] > 0
+  parts = {c["category"]: c["share"] for c in profile["categories"]}
+  assert sum(parts.values()) == pytest.approx(1.0)
+  for part in ("feed-forward", "layer norm", "output projection (tied embedding or logits layer)",
+               "attention: Q, K, V, O projections",
+               "attention: scores, softmax, weights x values"):
+    assert parts.get(part, 0) > 0, part
+  assert 0 < len(profile["top_ops"]) <= 8
+  assert [o["seconds"] for o in profile["top_ops"]] == sorted(
+    (o["seconds"] for o in profile["top_ops"]), reverse=True)
+  assert r["cpu_kind"]
 
   assert r["model_flops_per_step"] == _peer_flops(32, 64, 1, VOCAB, B, S, T)
   assert r["tokens_per_step"] == B * (S + T)
@@ -165,17 +180,36 @@ def test_compare_peer_alternates_and_reports_ratios(tmp_path):
   proc = subprocess.run(
     [sys.executable, "-m", "experiments.compare_peer", f"--peer_python={sys.executable}",
      f"--peer={fake_peer}", "--rounds=1", "--timed_steps=1", "--variants=base,no_dropout",
-     "--benchmark_flags=" + ",".join(shapes), f"--out={out}"],
+     "--shapes=custom", "--benchmark_flags=" + ",".join(shapes), "--profile_steps=1",
+     "--env=PEER_PROBE=1", f"--out={out}"],
     cwd=ROOT, capture_output=True, text=True, timeout=600,
   )
   assert proc.returncode == 0, proc.stderr[-3000:]
   records = [json.loads(line) for line in (tmp_path / "cmp.jsonl").read_text().splitlines()]
-  assert [(r["round"], r["variant"], r["program"]) for r in records] == [
-    (0, v, p) for v in ("base", "no_dropout") for p in ("ours", "peer")]
+  assert [(r["round"], r["shape"], r["variant"], r["program"]) for r in records] == [
+    (0, "custom", v, p) for v in ("base", "no_dropout") for p in ("ours", "peer")]
   ours = [r["tokens_per_s"] for r in records if r["program"] == "ours" and r["variant"] == "base"]
   md = (tmp_path / "cmp.md").read_text()
   assert f"**{max(ours) / 50.0:.2f}**" in md  # ratio of the bests
-  assert "compare_peer" in md and "torch fake" in md
+  assert "compare_peer" in md and "torch fake" in md and "PEER_PROBE=1" in md
+  # The last round's first variant is profiled, the others not.
+  assert [r["profile"] is not None for r in records if r["program"] == "ours"] == [True, False]
+  assert "### Where our step's time goes: `custom`" in md
+  assert "CPU kind: **" in md
+
+
+@pytest.mark.parametrize("args, message", [
+  (["--shapes=tiny"], "--shapes"),
+  (["--shapes=custom"], "--shapes=custom"),
+  (["--env=NOVALUE"], "--env=NOVALUE"),
+])
+def test_compare_peer_bad_arguments_are_one_line(args, message):
+  proc = subprocess.run(
+    [sys.executable, "-m", "experiments.compare_peer", f"--peer_python={sys.executable}", *args],
+    cwd=ROOT, capture_output=True, text=True, timeout=120,
+  )
+  assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+  assert len(proc.stderr.strip().splitlines()) == 1
 
 
 def test_compare_peer_needs_a_peer_python():
@@ -257,3 +291,78 @@ def test_the_peer_comparison_points_nowhere_outside_the_repository():
       text = f.read()
     for outside in ("shared/peers", "torch_transformer_step", "/work/", '"..", ".."'):
       assert outside not in text, (name, outside)
+
+
+HLO = "\n".join([
+  "ENTRY %main (p: f32[4,8]) -> f32[4,8] {",
+  '  %p = f32[4,8]{1,0} parameter(0), metadata={op_name="state.params"}',
+  '  %ynn_fusion.1 = f32[4,8]{1,0} fusion(%p), kind=kCustom, '
+  'metadata={op_name="jit(train_step)/jvp(Transformer)/decoder/feed_forward/wi/dot_general"}',
+  '  %wrapped_scatter = f32[4,8]{1,0} fusion(%p), kind=kLoop, '
+  'metadata={op_name="jit(train_step)/transpose(jvp(Transformer))/encoder/embed/scatter-add"}',
+  '  %argmax = (f32[4]{0}, s32[4]{0}) fusion(%p), kind=kLoop, '
+  'metadata={op_name="jit(train_step)/jvp()/reduce"}',
+  "  %while.3 = f32[4,8]{1,0} while(%p), condition=%c, body=%b",
+  "  %copy.7 = f32[4,8]{1,0} copy(%p)",
+  '  ROOT %add.2 = f32[4,8]{1,0} fusion(%p), kind=kLoop, metadata={op_name="jit(train_step)/sqrt"}',
+  "}",
+])
+
+
+def test_op_profile_sums_ops_per_step_by_part():
+  """Trace events named after instructions of the module count (loops do not: their bodies are
+  events of their own); other events (Python frames, the runtime) are left out."""
+  seconds = {"ynn_fusion.1": 6.0, "wrapped_scatter": 2.0, "argmax": 1.0, "copy.7": 0.5,
+             "add.2": 0.5, "while.3": 100.0, "ThunkExecutor::Execute": 50.0, "$main.py:1": 9.0}
+  p = step_cost.op_profile(seconds, HLO, steps=2, top=3)
+  assert p["op_seconds_per_step"] == pytest.approx(5.0)
+  assert [(o["op"], o["seconds"], o["shape"]) for o in p["top_ops"]] == [
+    ("ynn_fusion.1", 3.0, "f32[4,8]"), ("wrapped_scatter", 1.0, "f32[4,8]"),
+    ("argmax", 0.5, "(f32[4]{0}, s32[4]{0})")]
+  assert p["top_ops"][0]["share"] == pytest.approx(0.6)
+  assert {c["category"]: c["seconds"] for c in p["categories"]} == pytest.approx({
+    "feed-forward": 3.0, "embedding lookup and its gradient": 1.0,
+    "loss: log-softmax, cross-entropy, argmax": 0.5, "copies without a source": 0.25,
+    "optimizer and metrics: Adam, norms, non-finite guard": 0.25})
+
+
+CPUINFO = """processor\t: 0
+vendor_id\t: AuthenticAMD
+cpu family\t: 25
+model\t\t: 1
+model name\t: AMD EPYC 7B13
+flags\t\t: fpu sse4_2 avx avx2 fma bmi2
+
+processor\t: 1
+model name\t: should not be read
+"""
+
+
+@pytest.mark.parametrize("flags, kind", [
+  ("sse4_2 avx avx2 fma", "x86-64 AVX2"),
+  ("avx avx2 fma avx512f avx512bw avx512vl avx512_bf16", "x86-64 AVX-512"),
+  ("avx2 avx512f amx_tile amx_bf16 amx_int8", "x86-64 AVX-512 + AMX"),
+  ("fp asimd", "arm64 NEON"),
+  ("", "riscv64"),
+])
+def test_cpu_kind_from_the_flags(flags, kind):
+  from experiments import report
+
+  assert report.cpu_kind(set(flags.split()), "riscv64") == kind
+  restricted = report.cpu_kind(set(flags.split()), "x", "--xla_foo=1 --xla_cpu_max_isa=AVX2")
+  assert restricted.endswith("(AVX2 only for XLA: --xla_cpu_max_isa=AVX2)")
+
+
+def test_cpu_info_reads_the_first_processor(tmp_path, monkeypatch):
+  from experiments import report
+
+  path = tmp_path / "cpuinfo"
+  path.write_text(CPUINFO)
+  monkeypatch.setenv("XLA_FLAGS", "")
+  info = report.cpu_info(str(path))
+  assert info == {"model_name": "AMD EPYC 7B13", "family": 25, "model": 1,
+                  "vendor": "AuthenticAMD", "vector_extensions": ["avx2", "fma"],
+                  "kind": "x86-64 AVX2"}
+  missing = report.cpu_info(str(tmp_path / "none"))  # not Linux: what the platform knows
+  assert missing["family"] is None and missing["vector_extensions"] is None
+  assert missing["model_name"] and missing["kind"]

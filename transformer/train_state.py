@@ -2,8 +2,10 @@
 
 `train_step(state, batch, rng) -> (state, metrics)` is pure: the step's dropout RNG is
 `fold_in(rng, state.step)`, so a resumed run draws exactly the masks an uninterrupted run
-would. Non-finite losses or gradients are caught inside the step: the update is skipped and
-counted, so no NaN ever reaches the parameters (and thus a checkpoint).
+would. With gradient accumulation (`config.grad_accum_steps`) the step runs its batch as
+micro-batches and still makes one update with the whole batch's mean gradient. Non-finite
+losses or gradients are caught inside the step: the update is skipped and counted, so no NaN
+ever reaches the parameters (and thus a checkpoint).
 """
 
 from __future__ import annotations
