@@ -221,7 +221,7 @@ def write_report(path: str, config: Any, result: dict[str, Any], command: str,
     path + ".md", "Packed against bucketed training batches",
     f"Made by `experiments/packing_benchmark.py` (method in its docstring). Dataset "
     f"`{config.dataset}`, {config.data.tokens_per_batch} tokens per batch and side, buckets "
-    f"{list(config.data.bucket_lengths)}; packed rows of {config.data.packed_source_len} "
+    f"{config.data.bucket_lengths}; packed rows of {config.data.packed_source_len} "
     f"source and {config.data.packed_target_len} target positions. Model for the step: "
     f"{m.num_layers} + {m.num_layers} layers, d_model {m.d_model}, d_ff {m.d_ff}, "
     f"{m.num_heads} heads, vocabulary {m.vocab_size}, attention `{m.attention}`.", command,

@@ -197,7 +197,7 @@ def write_report(config: Any, runs: dict[str, dict[str, Any]], warm: dict[str, A
     f"`{config.dataset}` ({restart['train_examples']:,} training pairs, "
     f"{restart['kept_examples']:,} within the length limits), vocabulary "
     f"{config.data.vocab_size}, {config.data.tokens_per_batch} tokens per batch and side, "
-    f"buckets {list(config.data.bucket_lengths)}; model "
+    f"buckets {config.data.bucket_lengths}; model "
     f"{'tiny (1 + 1 layers, d_model 32)' if _TINY.value else 'as configured'}.", command, [
       "## Results\n", report.markdown_table(["start", "stage", "seconds", "peak RSS (GiB)"], rows),
       f"- Peak RSS of the data path is the largest of the stages open ... batch plan. The first "
