@@ -16,6 +16,7 @@ compiled step (`measure.memory_stats`) and the trip counts of its `while` loops
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -145,7 +146,7 @@ def op_profile(op_seconds: dict[str, float], hlo_text: str, steps: int,
     category = op_category(instructions[name]["op_name"])
     by_category[category] = by_category.get(category, 0.0) + secs
   top_ops = [{"op": name, "seconds": secs, "share": secs / total,
-              "shape": instructions[name]["shape"].split("{")[0],
+              "shape": re.sub(r"\{[^}]*\}", "", instructions[name]["shape"]),  # no layouts
               "source": instructions[name]["op_name"],
               "category": op_category(instructions[name]["op_name"])}
              for name, secs in sorted(ops.items(), key=lambda kv: -kv[1])[:top]]

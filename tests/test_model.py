@@ -16,8 +16,11 @@ from transformer.model import (
   ModelConfig,
   MultiHeadAttention,
   Transformer,
+  project,
   sinusoidal_positions,
+  tied_logits,
 )
+from transformer.train_state import cross_entropy, loss_sums
 from transformer.translate import init_cache
 
 TINY = ModelConfig(vocab_size=40, num_layers=2, d_model=32, d_ff=64, num_heads=4,
@@ -223,3 +226,98 @@ def test_rematerialisation_changes_no_gradient(remat, scan_layers):
   for a, b in zip(jax.tree.leaves(grads(base)),
                   jax.tree.leaves(grads(dataclasses.replace(base, remat=remat))), strict=True):
     np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5)  # fusion order differs
+
+
+# ------------------------------------------------------------------ products, loss and gradients
+# The matrix products and the loss are written for XLA:CPU's sake (tokens flattened into rows,
+# the loss's gradient written out); these check them and their gradients against float64 NumPy.
+
+
+def _f64(x):
+  return np.asarray(x, np.float64)
+
+
+def test_projections_and_their_gradients_match_numpy():
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(2, 3, 8)).astype(np.float32)
+  w_in = rng.normal(size=(8, 4, 5)).astype(np.float32)  # W^Q: [d, h, k]
+  heads = rng.normal(size=(2, 3, 4, 5)).astype(np.float32)
+  w_out = rng.normal(size=(4, 5, 8)).astype(np.float32)  # W^O: [h, k, d]
+  y, vjp = jax.vjp(project, jnp.asarray(x), jnp.asarray(w_in))
+  np.testing.assert_allclose(y, np.einsum("bqd,dhk->bqhk", _f64(x), _f64(w_in)), rtol=1e-5,
+                             atol=1e-5)
+  g = rng.normal(size=y.shape)
+  dx, dw = vjp(jnp.asarray(g, jnp.float32))
+  np.testing.assert_allclose(dx, np.einsum("bqhk,dhk->bqd", g, _f64(w_in)), rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(dw, np.einsum("bqhk,bqd->dhk", g, _f64(x)), rtol=1e-5, atol=1e-5)
+  out = project(jnp.asarray(heads), jnp.asarray(w_out), inputs=2)
+  np.testing.assert_allclose(out, np.einsum("bqhk,hkd->bqd", _f64(heads), _f64(w_out)),
+                             rtol=1e-5, atol=1e-5)
+
+
+def test_tied_logits_and_their_gradients_match_numpy():
+  rng = np.random.default_rng(1)
+  x = rng.normal(size=(2, 3, 8)).astype(np.float32)
+  embedding = rng.normal(size=(11, 8)).astype(np.float32)
+  logits, vjp = jax.vjp(tied_logits, jnp.asarray(x), jnp.asarray(embedding))
+  assert logits.shape == (2, 3, 11) and logits.dtype == jnp.float32
+  np.testing.assert_allclose(logits, np.einsum("bnd,vd->bnv", _f64(x), _f64(embedding)),
+                             rtol=1e-5, atol=1e-5)
+  g = rng.normal(size=logits.shape)
+  dx, de = vjp(jnp.asarray(g, jnp.float32))
+  np.testing.assert_allclose(dx, np.einsum("bnv,vd->bnd", g, _f64(embedding)), rtol=1e-5,
+                             atol=1e-5)
+  np.testing.assert_allclose(de, np.einsum("bnv,bnd->vd", g, _f64(x)), rtol=1e-5, atol=1e-5)
+
+
+def test_feed_forward_matches_numpy():
+  rng = np.random.default_rng(2)
+  x = jnp.asarray(rng.normal(size=(2, 3, 8)), jnp.float32)
+  ff = FeedForward(d_model=8, d_ff=16)
+  params = nn.unbox(ff.init(jax.random.key(0), x)["params"])
+  params = jax.tree.map(lambda p: p + jnp.asarray(rng.normal(size=p.shape), p.dtype), params)
+  w1, b1 = _f64(params["wi"]["kernel"]), _f64(params["wi"]["bias"])
+  w2, b2 = _f64(params["wo"]["kernel"]), _f64(params["wo"]["bias"])
+  expected = np.maximum(_f64(x) @ w1 + b1, 0.0) @ w2 + b2
+  np.testing.assert_allclose(ff.apply({"params": params}, x), expected, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+def test_cross_entropy_gradient_matches_numpy(label_smoothing):
+  """d smoothed / d logits = p - q and d nll / d logits = p - onehot, q the smoothed target."""
+  rng = np.random.default_rng(3)
+  vocab = 7
+  logits = (3 * rng.normal(size=(2, 3, vocab))).astype(np.float32)
+  targets = rng.integers(0, vocab, size=(2, 3))
+  w_smoothed, w_nll = rng.normal(size=(2, 2, 3))
+
+  def objective(z):
+    smoothed, nll = cross_entropy(z, jnp.asarray(targets), label_smoothing)
+    return jnp.sum(smoothed * w_smoothed + nll * w_nll)
+
+  grad = jax.grad(objective)(jnp.asarray(logits))
+  z = _f64(logits)
+  p = np.exp(z - z.max(-1, keepdims=True))
+  p /= p.sum(-1, keepdims=True)
+  onehot = np.eye(vocab)[targets]
+  q = onehot * (1 - label_smoothing) + (1 - onehot) * label_smoothing / (vocab - 1)
+  expected = w_smoothed[..., None] * (p - q) + w_nll[..., None] * (p - onehot)
+  np.testing.assert_allclose(grad, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("vocab", [7, 12, 97, 130])  # blocks of 7, 12, 1 and 26 logits
+def test_correct_counts_argmax_hits_with_ties_and_nan(vocab):
+  """loss_sums' blockwise argmax is jnp.argmax: the first largest logit, NaN the largest."""
+  rng = np.random.default_rng(vocab)
+  logits = rng.normal(size=(4, 5, vocab)).astype(np.float32)
+  logits[0, :, [1, vocab - 1]] = 9.0  # a tie across blocks: the first one counts
+  logits[1, 0, [2, 3]] = 9.0  # a tie inside a block
+  logits[1, 1, vocab // 2] = np.nan  # NaN wins, as in jnp.argmax
+  logits[1, 2, [0, vocab - 2]] = np.nan
+  targets = np.argmax(logits, -1)  # NumPy's argmax has the same rules
+  targets[2] = rng.integers(1, vocab, size=5)  # some misses
+  targets[3, :2] = 0  # padding is not counted
+  sums = jax.jit(loss_sums, static_argnums=2)(jnp.asarray(logits), jnp.asarray(targets), 0.1)
+  hits = (np.argmax(logits, -1) == targets) & (targets > 0)
+  assert float(sums["correct"]) == hits.sum()
+  assert targets[0, 0] == 1 and targets[1, 0] == 2 and targets[1, 1] == vocab // 2
