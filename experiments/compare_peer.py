@@ -115,11 +115,23 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
       "peer_matmul_gflops": best_peer["matmul_peak_flops"] / 1e9,  # the peer's name
       "ours_step_cpu_s": min(r["step_cpu_s"] for r in ours),
       "peer_step_cpu_s": min((r.get("step_cpu_s") or float("nan")) for r in peer),
+      # The best run's least CPU time of a step over its best step time: busy threads.
+      "ours_threads": best["step_cpu_s"] / best["step_s"],
+      "peer_threads": (best_peer.get("step_cpu_s") or float("nan")) / best_peer["step_s"],
       "compile_s": min(r["compile_s"] for r in ours),
       "temp_mib": best["temp_memory_bytes"] / 2**20,
       "profile": next((r["profile"] for r in reversed(ours) if r.get("profile")), None),
     })
   return rows
+
+
+def short_source(op_name: str) -> str:
+  """An op's JAX source without the transformations and the repeated module path."""
+  import re
+
+  path = re.sub(r"^jit\(train_step\)/|(transpose\()?jvp\([\w.]*\)\)?/", "", op_name)
+  path = re.sub(r"Transformer\.(decode_logits|decode|encode)/", "", path)
+  return path[-80:]
 
 
 def profile_section(shape: str, profile: dict[str, Any]) -> str:
@@ -129,11 +141,11 @@ def profile_section(shape: str, profile: dict[str, Any]) -> str:
     [[c["category"], f"{100 * c['share']:.1f}%", f"{1e3 * c['seconds']:.0f}"]
      for c in profile["categories"] if c["seconds"] > 0])
   top = report_lib.markdown_table(
-    ["XLA op", "result", "share", "ms per step", "part", "from (JAX source)"],
+    ["XLA op", "result", "share", "ms per step", "part", "pass", "from (JAX source)"],
     [[f"`{o['op']}`", f"`{o['shape']}`", f"{100 * o['share']:.1f}%",
       f"{1e3 * o['seconds']:.0f}", o["category"],
-      "`" + o["source"].replace("jit(train_step)/", "")[-90:] + "`"]
-     for o in profile["top_ops"]])
+      "backward" if "transpose(" in o["source"] else "forward", f"`{short_source(o['source'])}`"]
+     for o in profile["top_ops"]], align="lllrrll")
   return (f"### Where our step's time goes: `{shape}`\n\n{profile['steps']} steps under "
           f"`jax.profiler`; {1e3 * profile['op_seconds_per_step']:.0f} ms of op time per step, "
           "summed over the threads that ran each op (`experiments/step_cost.py`, "
@@ -150,7 +162,8 @@ def write_report(path: str, records: list[dict[str, Any]], command: str) -> str:
            for s in shapes for p in ("ours", "peer")}
   header = ["shape", "variant (ours)", "ours tokens/s (runs)", "peer tokens/s (runs)", "ratio",
             "ours / peer fraction of own matmul rate (GFLOP/s)",
-            "ours / peer best CPU s per step", "compile s", "temp MiB"]
+            "ours / peer best CPU s per step", "ours / peer busy threads", "compile s",
+            "temp MiB"]
   table = [[
     f"`{r['shape']}`", DESCRIPTIONS.get(r["variant"], r["variant"]),
     f"**{r['ours_best']:.0f}** (" + ", ".join(f"{x:.0f}" for x in r["ours_tokens_per_s"]) + ")",
@@ -158,7 +171,8 @@ def write_report(path: str, records: list[dict[str, Any]], command: str) -> str:
     f"**{r['ratio']:.2f}**",
     f"{r['ours_fraction']:.2f} ({r['ours_matmul_gflops']:.0f}) / "
     f"{r['peer_fraction']:.2f} ({r['peer_matmul_gflops']:.0f})",
-    f"{r['ours_step_cpu_s']:.2f} / {r['peer_step_cpu_s']:.2f}", f"{r['compile_s']:.1f}",
+    f"{r['ours_step_cpu_s']:.2f} / {r['peer_step_cpu_s']:.2f}",
+    f"{r['ours_threads']:.2f} / {r['peer_threads']:.2f}", f"{r['compile_s']:.1f}",
     f"{r['temp_mib']:.0f}",
   ] for r in rows]
   shape_lines = "".join(f"- `{s}`: {SHAPES[s][2]}; model FLOPs per step "

@@ -137,8 +137,15 @@ def hardware_markdown(hw: dict[str, Any]) -> str:
   )
 
 
+# Environment variables that change which kernels the programs measured here run (XLA, torch,
+# MKL, oneDNN, CTranslate2) or how they allocate memory: a command names those that are set.
+KERNEL_ENV = ("XLA_FLAGS", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA",
+              "CT2_FORCE_CPU_ISA", "GLIBC_TUNABLES", "OMP_NUM_THREADS")
+
+
 def command_line(argv: Sequence[str] | None = None) -> str:
-  """The running command, `[XLA_FLAGS=...] [nice -n N] python -m module args...`."""
+  """The running command, `[XLA_FLAGS=...] [nice -n N] python -m module args...`, with the
+  KERNEL_ENV variables that are set (XLA_FLAGS even when empty) in front."""
   argv = list(sys.argv if argv is None else argv)
   prog = argv[0]
   main = sys.modules.get("__main__")
@@ -147,7 +154,8 @@ def command_line(argv: Sequence[str] | None = None) -> str:
     head = ["python", "-m", spec.name]
   else:
     head = ["python", prog]
-  env = [f"XLA_FLAGS={shlex.quote(os.environ['XLA_FLAGS'])}"] if "XLA_FLAGS" in os.environ else []
+  env = [f"{name}={shlex.quote(os.environ[name])}" for name in KERNEL_ENV
+         if name in os.environ and (os.environ[name] or name == "XLA_FLAGS")]
   niceness = os.nice(0)
   prefix = env + (["nice", "-n", str(niceness)] if niceness > 0 else [])
   return " ".join(prefix + [shlex.quote(a) for a in head + argv[1:]])

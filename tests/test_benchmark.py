@@ -366,3 +366,16 @@ def test_cpu_info_reads_the_first_processor(tmp_path, monkeypatch):
   missing = report.cpu_info(str(tmp_path / "none"))  # not Linux: what the platform knows
   assert missing["family"] is None and missing["vector_extensions"] is None
   assert missing["model_name"] and missing["kind"]
+
+
+def test_commands_name_the_variables_that_choose_kernels(monkeypatch):
+  from experiments import report
+
+  for name in report.KERNEL_ENV:
+    monkeypatch.delenv(name, raising=False)
+  monkeypatch.setenv("CT2_FORCE_CPU_ISA", "AVX2")
+  monkeypatch.setenv("XLA_FLAGS", "")
+  monkeypatch.setenv("OMP_NUM_THREADS", "")  # set but empty: left out
+  command = report.command_line(["experiments/x.py", "--a=1"])
+  assert command.startswith("XLA_FLAGS='' CT2_FORCE_CPU_ISA=AVX2 ")
+  assert "OMP_NUM_THREADS" not in command and command.endswith("--a=1")

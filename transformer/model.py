@@ -130,8 +130,8 @@ def project(x: Array, w: Array, inputs: int = 1) -> Array:
   """x [..., *w.shape[:inputs]] times w, contracting those axes: [..., *w.shape[inputs:]].
 
   As one 2-D matrix product of the tokens flattened into rows: XLA:CPU runs the einsum
-  "bqd,dhk->bqhk" and its gradients about twice as slowly, with transposes of the activations
-  around every product.
+  "bqd,dhk->bqhk" and its gradients about a third more slowly, with transposes of the
+  activations around the products.
   """
   lead = x.shape[:x.ndim - inputs]
   d_in = int(np.prod(w.shape[:inputs]))

@@ -66,9 +66,8 @@ def cross_entropy(logits: Array, targets: Array, label_smoothing: float) -> tupl
 
   The gradient with respect to the logits is written out (p - q for the smoothed loss, p minus
   the one-hot target for nll, p = softmax(logits)): one elementwise pass over [b, t, V]. The
-  derived one keeps log p, scatters into a zeroed [b, t, V] array for the target's entry and
-  makes several more passes; on CPU, where the step is memory-bound there, that cost as much
-  as the output projection's matrix products.
+  derived one keeps log p and scatters the target's entry into a zeroed [b, t, V] array: more
+  passes over the largest arrays of the step, which on CPU are memory-bound.
   """
   vocab = logits.shape[-1]
   confidence = 1.0 - label_smoothing

@@ -113,6 +113,17 @@ class _EpochPlan:
   bounds: np.ndarray  # [steps + 1] placements of step i: bounds[i]:bounds[i + 1]
 
 
+def cumulative_lengths(lengths: np.ndarray, perm: np.ndarray, times: int) -> np.ndarray:
+  """int64 [times * n]: the running sum of `lengths[perm]` over the permutation taken `times`
+  times (1 or 2), without a copy of the permuted lengths."""
+  n = len(perm)
+  out = np.empty(times * n, np.int64)
+  np.cumsum(lengths[perm], out=out[:n])
+  if times == 2 and n:
+    np.add(out[:n], out[n - 1], out=out[n:])
+  return out
+
+
 def plan_epoch(perm: np.ndarray, src_len: np.ndarray, tgt_len: np.ndarray, rows: int,
                source_len: int, target_len: int, steps: int | None = None) -> _EpochPlan:
   """Packs the examples `perm` (in that order) into steps of `rows` rows.
@@ -121,10 +132,10 @@ def plan_epoch(perm: np.ndarray, src_len: np.ndarray, tgt_len: np.ndarray, rows:
   taking the permutation again from its start when it runs out.
   """
   n = len(perm)
-  src, tgt = src_len[perm], tgt_len[perm]
-  # Cumulative lengths over the permutation taken twice (for the wrap of later epochs).
-  cum_s = np.cumsum(np.concatenate([src, src]))
-  cum_t = np.cumsum(np.concatenate([tgt, tgt]))
+  # Cumulative lengths over the permutation, taken twice for the wrap of later epochs (epoch 0
+  # never wraps); with the plan, the corpus-sized arrays that a start holds in memory.
+  cum_s, cum_t = (cumulative_lengths(x, perm, 1 if steps is None else 2)
+                  for x in (src_len, tgt_len))
   # Integers: a float would make every search convert the whole int64 array.
   budget_s, budget_t = int(OVERFILL * rows * source_len), int(OVERFILL * rows * target_len)
   example, row, bounds = [], [], [0]
@@ -133,7 +144,8 @@ def plan_epoch(perm: np.ndarray, src_len: np.ndarray, tgt_len: np.ndarray, rows:
   placed_total = 0
   while (steps is None and (pos < n or len(pool))) or (steps is not None
                                                       and len(bounds) <= steps):
-    pool_s, pool_t = src[pool % n].sum(), tgt[pool % n].sum()
+    carried = perm[pool % n]
+    pool_s, pool_t = src_len[carried].sum(), tgt_len[carried].sum()
     before_s, before_t = (cum_s[pos - 1], cum_t[pos - 1]) if pos else (0, 0)
     # The next examples, while neither side of the candidates exceeds its budget.
     end = min(int(np.searchsorted(cum_s, before_s + budget_s - pool_s, side="right")),
@@ -156,6 +168,7 @@ def plan_epoch(perm: np.ndarray, src_len: np.ndarray, tgt_len: np.ndarray, rows:
     pool = cand[~ok]
     if steps is not None and pos >= 2 * n and not len(pool):
       pos = n  # an epoch far longer than its permutation: go round again
+  del cum_s, cum_t  # before the plan's arrays are joined
   return _EpochPlan(
     example=np.concatenate(example) if example else np.zeros(0, np.int64),
     row=np.concatenate(row) if row else np.zeros(0, np.int32),
@@ -224,8 +237,10 @@ class PackedBatches:
     if self.num_examples == 0:
       raise DataError("no training example fits config.data.max_source_len/max_target_len/"
                       "packed_source_len/packed_target_len")
-    self._src_len = np.asarray(src_len[keep], np.int64)
-    self._tgt_len = np.asarray(tgt_len[keep], np.int64)
+    # int32: lengths are at most the packed lengths (sums and cumulative sums are int64).
+    self._src_len = src_len[keep].astype(np.int32)
+    self._tgt_len = tgt_len[keep].astype(np.int32)
+    del src_len, tgt_len, keep  # not held while epoch 0 is planned
     self.plan_rows = max(1, int(config.data.tokens_per_batch)
                         // max(self.source_len, self.target_len))
     self.rows = padded_rows(self.plan_rows, batch_multiple, process_count)
