@@ -7,6 +7,7 @@ libraries (step_cost.py, long_range.py, sweeps.py).
 from __future__ import annotations
 
 import math
+import os
 import re
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -57,6 +58,12 @@ def model_flops_per_step(
   matmul_fwd += tt * d * vocab * 2  # logits
   attn_fwd = 2 * 2 * batch_size * a * layers * (src_len**2 + tgt_len**2 + tgt_len * src_len)
   return 3 * (matmul_fwd + attn_fwd)
+
+
+def tree_bytes(path: str) -> int:
+  """Bytes of the files under `path` (0 when it does not exist)."""
+  return sum(os.path.getsize(os.path.join(root, f))
+             for root, _, files in os.walk(path) for f in files)
 
 
 def measure_matmul_flops(n: int = 2048, repeats: int = 5, dtype: str = "float32") -> float:

@@ -102,7 +102,8 @@ def one_start(config: Any, workdir: str, batches: int) -> dict[str, Any]:
   stage("token cache")
   # The split's cache directory on disk (its memory-mapped files and meta.json).
   cache_dir = os.path.dirname(split.source_offsets.filename)
-  cache_bytes = sum(os.path.getsize(os.path.join(cache_dir, f)) for f in os.listdir(cache_dir))
+  cache_bytes = sum(os.path.getsize(os.path.join(cache_dir, f)) for f in os.listdir(cache_dir)
+                    if os.path.isfile(os.path.join(cache_dir, f)))
   mesh = sharding_lib.make_mesh(config.mesh)
   train = input_pipeline.train_batches(split, config,
                                        batch_multiple=sharding_lib.data_parallel_size(mesh))
@@ -155,6 +156,8 @@ def one_start(config: Any, workdir: str, batches: int) -> dict[str, Any]:
     "real_token_fraction": train.real_token_fraction(),
     "train_examples": len(split), "kept_examples": train.num_examples,
     "token_cache_bytes": cache_bytes,
+    # The packed epoch plans written beside the cache (plan_cache), so far.
+    "plan_bytes": measure.tree_bytes(os.path.join(cache_dir, "plans")),
     "steps_per_epoch": train.steps_per_epoch,
   }
 

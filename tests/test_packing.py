@@ -4,6 +4,8 @@ The central check: a packed batch gives every example the same loss and the same
 the example alone in an unpacked batch (float32, `xla` and `chunked` attention).
 """
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -103,9 +105,8 @@ def test_plan_is_a_pure_function_of_seed_and_step_and_not_of_the_devices():
       np.testing.assert_array_equal(full[k][: len(v)], v)
       assert not full[k][len(v):].any()
       np.testing.assert_array_equal(np.concatenate([h.batch(s)[k] for h in halves]), full[k])
+  config.seed = 5
   other = packed(src, tgt, config)
-  other.seed = 5
-  other._plans.clear()
   assert any((other.batch(s)["inputs"] != a.batch(s)["inputs"]).any() for s in range(3))
 
 
@@ -226,3 +227,44 @@ def test_the_pipeline_packs_when_the_config_says_so():
   assert isinstance(bucketed, input_pipeline.TrainBatches)
   assert not set(packing.PACKING_KEYS) & set(bucketed.batch(0))
   assert packing.packing_kwargs(bucketed.batch(0)) == {}
+
+
+def test_a_restart_maps_the_plans_it_made_and_plans_nothing(tmp_path, monkeypatch):
+  src, tgt = synthetic(200)
+  config = packed_config(target_len="auto")
+  in_memory = TokenizedSplit.from_sequences(src, tgt)
+  split = dataclasses.replace(in_memory, directory=str(tmp_path))
+  first = packing.PackedBatches(split, config)
+  steps = list(range(4 * first.steps_per_epoch + 1))  # epochs 0 to 4 planned and written
+  want = {s: first.batch(s) for s in steps}
+  reference = packing.PackedBatches(in_memory, config)  # the same plan without a disk
+  for s in steps:
+    for k, v in reference.batch(s).items():
+      np.testing.assert_array_equal(v, want[s][k])
+  store = first._store  # noqa: SLF001
+  assert store.epochs() == [0, 3, 4]  # epoch 0 and the two latest stay on disk
+
+  def never(*args, **kwargs):
+    raise AssertionError("planned or read the corpus's lengths on a restart")
+
+  with monkeypatch.context() as m:
+    m.setattr(packing, "plan_epoch", never)
+    m.setattr(TokenizedSplit, "source_lengths", never)
+    again = packing.PackedBatches(split, config)
+    summary = ("steps_per_epoch", "num_examples", "num_dropped", "target_len", "rows")
+    assert [getattr(again, a) for a in summary] == [getattr(first, a) for a in summary]
+    assert again.real_token_fraction() == first.real_token_fraction()
+    for s in reversed(steps[3 * first.steps_per_epoch:]):  # epochs 3 and 4, from disk
+      for k, v in again.batch(s).items():
+        np.testing.assert_array_equal(v, want[s][k])
+    config.seed = 1  # another seed is another plan
+    with pytest.raises(AssertionError, match="planned"):
+      packing.PackedBatches(split, config)
+  config.seed = 0
+  # A plan that cannot be read, or a pruned epoch, is planned again, the same.
+  (tmp_path / "plans").joinpath(store.directory.rsplit("/", 1)[1], "epoch-3", "row.npy") \
+    .write_bytes(b"not an array")
+  again = packing.PackedBatches(split, config)
+  for s in steps[first.steps_per_epoch:]:
+    for k, v in again.batch(s).items():
+      np.testing.assert_array_equal(v, want[s][k])

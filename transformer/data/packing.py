@@ -23,9 +23,10 @@ permutation until the candidates would fill all R rows; they are placed first-fi
 nowhere are carried to the next step. Every epoch has the steps that packing epoch 0 to its end
 took; a later epoch that packs its permutation in fewer steps continues from its start again
 (a few examples twice), one that needs more leaves its last examples (random ones) to the next
-epoch's draw. An epoch's plan is built once, sequentially, when its first batch is asked for,
-and kept while training is in that epoch: about 1 ms per step of WMT size, 4 to 12 s for the
-5,900 steps of a 4.5M-pair epoch on 2 shared CPU cores (experiments/results/packing_*.md).
+epoch's draw. An epoch's plan is built once, sequentially, when its first batch is asked for:
+about 1 ms per step of WMT size, 4 to 12 s for the 5,900 steps of a 4.5M-pair epoch on 2 shared
+CPU cores (experiments/results/packing_*.md). With a token cache, it is written beside the cache
+(`plan_cache`) and memory-mapped by every later start, so a restart does not plan again.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from transformer.data import plan_cache
 from transformer.data.batch_rows import check_process, padded_rows, process_rows
 from transformer.data.errors import DataError
 from transformer.data.token_cache import TokenizedSplit
@@ -108,7 +110,9 @@ def first_fit_decreasing(src_len: np.ndarray, tgt_len: np.ndarray, rows: int, so
 
 @dataclasses.dataclass
 class _EpochPlan:
-  example: np.ndarray  # [placed] kept-example id of every placement, step by step
+  # [placed] example of every placement, step by step: an index into the lengths given to
+  # `plan_epoch`, into `split` in `PackedBatches`' plans.
+  example: np.ndarray
   row: np.ndarray  # [placed] its row
   bounds: np.ndarray  # [steps + 1] placements of step i: bounds[i]:bounds[i + 1]
 
@@ -213,39 +217,79 @@ class PackedBatches:
   The same interface as `input_pipeline.TrainBatches` (`batch`, `steps_per_epoch`, `shapes`,
   `real_token_fraction`, `num_examples`, `num_dropped`), and the same device independence: the
   plan packs R rows whatever the devices, padding rows are added after.
+
+  When the split is mapped from a token cache (`split.directory`), every epoch's plan is kept on
+  disk beside it (`plan_cache`): a restart reads the summary and maps the plans, and computes
+  nothing over the whole corpus.
   """
 
   def __init__(self, split: TokenizedSplit, config: Any, *, batch_multiple: int = 1,
                process_index: int = 0, process_count: int = 1):
-    """Args as for `TrainBatches`; reads `seed` and `data.{tokens_per_batch, max_source_len,
-    max_target_len, packed_source_len, packed_target_len}`."""
+    """Args as for `TrainBatches`; reads `seed`, `model.max_len` and `data.{tokens_per_batch,
+    max_source_len, max_target_len, packed_source_len, packed_target_len}`."""
     check_process(process_index, process_count)
     self.split = split
     self.seed = int(config.seed)
     self.process_index = process_index
     self.process_count = process_count
     self.source_len = int(config.data.packed_source_len)
-    src_len, tgt_len = split.source_lengths(), split.target_lengths()
-    self.target_len = packed_target_len(config, src_len, tgt_len)
-    keep = (
-      (src_len <= min(config.data.max_source_len, self.source_len))
-      & (tgt_len <= min(config.data.max_target_len, self.target_len))
-    )
-    self.example_ids = np.flatnonzero(keep)  # Kept example -> index in `split`.
-    self.num_examples = len(self.example_ids)
+    self._limits = (int(config.data.max_source_len), int(config.data.max_target_len))
+    fields = {"seed": self.seed, "tokens_per_batch": int(config.data.tokens_per_batch),
+              "packed_source_len": self.source_len,
+              "packed_target_len": config.data.packed_target_len, "limits": self._limits,
+              "max_len": int(config.model.max_len), "overfill": OVERFILL}
+    self._store = (plan_cache.PlanStore(split.directory, plan_cache.plan_key(fields))
+                   if split.directory else None)
+    self._plans: dict[int, _EpochPlan] = {}
+    self._kept: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+    meta = self._store.meta() if self._store else None
+    if meta is None or meta.get("num_pairs") != len(split):
+      meta = self._plan_first_epoch(config, batch_multiple)
+    self.target_len = int(meta["target_len"])
+    self.num_examples = int(meta["num_examples"])
     self.num_dropped = len(split) - self.num_examples
+    self.steps_per_epoch = int(meta["steps_per_epoch"])
+    self._real_tokens = int(meta["real_tokens"])
+    self.plan_rows = max(1, int(config.data.tokens_per_batch)
+                        // max(self.source_len, self.target_len))
+    self.rows = padded_rows(self.plan_rows, batch_multiple, process_count)
+
+  def _plan_first_epoch(self, config: Any, batch_multiple: int) -> dict[str, Any]:
+    """Plans epoch 0 from the split's lengths; the summary every later start reads."""
+    src_len, tgt_len = self.split.source_lengths(), self.split.target_lengths()
+    self.target_len = packed_target_len(config, src_len, tgt_len)
+    keep = ((src_len <= min(self._limits[0], self.source_len))
+            & (tgt_len <= min(self._limits[1], self.target_len)))
+    self.num_examples = int(keep.sum())
     if self.num_examples == 0:
       raise DataError("no training example fits config.data.max_source_len/max_target_len/"
                       "packed_source_len/packed_target_len")
     # int32: lengths are at most the packed lengths (sums and cumulative sums are int64).
-    self._src_len = src_len[keep].astype(np.int32)
-    self._tgt_len = tgt_len[keep].astype(np.int32)
+    self._kept = (np.flatnonzero(keep), src_len[keep].astype(np.int32),
+                  tgt_len[keep].astype(np.int32))
     del src_len, tgt_len, keep  # not held while epoch 0 is planned
     self.plan_rows = max(1, int(config.data.tokens_per_batch)
                         // max(self.source_len, self.target_len))
-    self.rows = padded_rows(self.plan_rows, batch_multiple, process_count)
-    self._plans: dict[int, _EpochPlan] = {}
-    self.steps_per_epoch = len(self._plan(0).bounds) - 1
+    plan = self._plan(0)
+    real = (int(self.split.source_lengths()[plan.example].sum())
+            + int(self.split.target_lengths()[plan.example].sum()))
+    meta = {"num_pairs": len(self.split), "target_len": self.target_len,
+            "num_examples": self.num_examples, "steps_per_epoch": len(plan.bounds) - 1,
+            "real_tokens": real}
+    if self._store:
+      self._store.write_meta(meta)
+    return meta
+
+  def _kept_lengths(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(index in `split`, source length, target length) of the kept examples: read from the
+    split only when an epoch must be planned."""
+    if self._kept is None:
+      src_len, tgt_len = self.split.source_lengths(), self.split.target_lengths()
+      keep = ((src_len <= min(self._limits[0], self.source_len))
+              & (tgt_len <= min(self._limits[1], self.target_len)))
+      self._kept = (np.flatnonzero(keep), src_len[keep].astype(np.int32),
+                    tgt_len[keep].astype(np.int32))
+    return self._kept
 
   def shapes(self) -> list[tuple[int, int, int]]:
     """[(global rows, source length, target length)]: the one shape of every batch."""
@@ -253,23 +297,40 @@ class PackedBatches:
 
   def real_token_fraction(self) -> float:
     """Fraction of the batches' positions (both sides, over epoch 0) that are not padding."""
-    plan = self._plan(0)
-    real = self._src_len[plan.example].sum() + self._tgt_len[plan.example].sum()
     positions = self.steps_per_epoch * self.rows * (self.source_len + self.target_len)
-    return float(real) / positions
+    return self._real_tokens / positions
 
   def _plan(self, epoch: int) -> _EpochPlan:
+    """Epoch `epoch`'s plan, with `example` indexing `split`: from memory, disk, or planned."""
     plan = self._plans.get(epoch)
     if plan is not None:
       return plan
-    perm = np.random.default_rng([self.seed, epoch]).permutation(self.num_examples)
-    steps = None if epoch == 0 else self.steps_per_epoch
-    plan = plan_epoch(perm, self._src_len, self._tgt_len, self.plan_rows, self.source_len,
-                      self.target_len, steps)
+    arrays = self._store.load(epoch) if self._store else None
+    if arrays is not None and self._complete(epoch, arrays):
+      plan = _EpochPlan(**arrays)
+    else:
+      example_ids, src_len, tgt_len = self._kept_lengths()
+      perm = np.random.default_rng([self.seed, epoch]).permutation(self.num_examples)
+      steps = None if epoch == 0 else self.steps_per_epoch
+      kept = plan_epoch(perm, src_len, tgt_len, self.plan_rows, self.source_len,
+                        self.target_len, steps)
+      index = np.int32 if len(self.split) <= np.iinfo(np.int32).max else np.int64
+      plan = _EpochPlan(example=example_ids[kept.example].astype(index), row=kept.row,
+                        bounds=kept.bounds)
+      if self._store:
+        self._store.save(epoch, dataclasses.asdict(plan))
     if len(self._plans) >= 2:  # Training walks epochs in order: keep the current and next.
       self._plans.pop(min(self._plans))
     self._plans[epoch] = plan
     return plan
+
+  def _complete(self, epoch: int, arrays: dict[str, np.ndarray]) -> bool:
+    """Whether arrays read from disk are a whole plan of this epoch's length."""
+    if set(arrays) != {f.name for f in dataclasses.fields(_EpochPlan)}:
+      return False
+    bounds = arrays["bounds"]
+    steps_ok = epoch == 0 or len(bounds) == self.steps_per_epoch + 1
+    return bool(steps_ok and len(arrays["example"]) == len(arrays["row"]) == int(bounds[-1]))
 
   def placements(self, step: int) -> tuple[np.ndarray, np.ndarray]:
     """(index into `split`, global row) of every example of global batch `step`, in the
@@ -279,7 +340,7 @@ class PackedBatches:
     epoch, i = divmod(step, self.steps_per_epoch)
     plan = self._plan(epoch)
     lo, hi = plan.bounds[i], plan.bounds[i + 1]
-    return self.example_ids[plan.example[lo:hi]], plan.row[lo:hi]
+    return np.asarray(plan.example[lo:hi], np.int64), np.asarray(plan.row[lo:hi])
 
   def batch(self, step: int) -> Batch:
     """This process's rows of packed batch `step` (keys in the module doc), int32

@@ -55,12 +55,15 @@ class TokenizedSplit:
       source_offsets[i + 1]], ending in EOS.
     source_offsets: [n + 1] int64.
     target, target_offsets: the same for the target side.
+    directory: the local cache directory the arrays are mapped from; None in memory. Files
+      derived from the split (`plan_cache`) go there.
   """
 
   source: np.ndarray
   source_offsets: np.ndarray
   target: np.ndarray
   target_offsets: np.ndarray
+  directory: str | None = None
 
   def __len__(self) -> int:
     return len(self.source_offsets) - 1
@@ -145,7 +148,7 @@ def map_split(directory: str) -> TokenizedSplit:
                     else np.zeros(0, dtype))
     arrays[f"{side}_offsets"] = np.load(os.path.join(directory, f"{side}_offsets.npy"),
                                         mmap_mode="r")
-  split = TokenizedSplit(**arrays)
+  split = TokenizedSplit(**arrays, directory=directory)
   if len(split) != meta["num_examples"] or split.source_offsets[-1] != len(split.source):
     raise DataError(f"token cache {directory} is inconsistent with its meta.json; delete it")
   return split

@@ -1,0 +1,115 @@
+"""Epoch plans on disk, beside the token cache: a restart maps them instead of planning again.
+
+Packing an epoch is sequential (first-fit over every example, step by step, `packing`): about
+30 s for 18M pairs on 2 cores. Done on every start, it made the restart grow with the corpus.
+So each epoch's plan is written once, when it is first built, and memory-mapped by every later
+start: a restart reads the small `meta.json` and the pages of the steps it trains on.
+
+Layout, inside the token cache's local directory (the plan is a function of the tokenized split,
+which that directory names, and of the config fields the caller hashes into `key`):
+
+  plans/<key>/meta.json           what a start needs without planning (written with epoch 0)
+  plans/<key>/epoch-<e>/<name>.npy
+                                  the arrays of epoch e, written to a temporary directory that
+                                  is renamed into place: a directory that exists is complete
+
+Concurrent writers (processes of one run on one host, or runs sharing a cache) write the same
+bytes; the first rename wins and the others drop their copy. A plan that cannot be read is
+planned again. Only epoch 0 and the two latest epochs are kept on disk (training walks epochs in
+order; an older one is planned again if asked for). Plans stay local: after a move to a new
+machine, the token cache is copied from the bucket and the plans are made again once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+from typing import Any
+
+import numpy as np
+from absl import logging
+
+FORMAT = 1
+_EPOCH = re.compile(r"^epoch-(\d+)$")
+
+
+def plan_key(fields: dict[str, Any]) -> str:
+  """A short hash of everything a plan depends on besides the tokenized split."""
+  text = json.dumps({"format": FORMAT, **fields}, sort_keys=True, default=str)
+  return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+class PlanStore:
+  """Epoch plans of one (split, key) under `<split directory>/plans/<key>/`."""
+
+  def __init__(self, split_directory: str, key: str):
+    self.directory = os.path.join(split_directory, "plans", key)
+
+  def meta(self) -> dict[str, Any] | None:
+    """The recorded summary, or None when there is none (or it cannot be read)."""
+    try:
+      with open(os.path.join(self.directory, "meta.json")) as f:
+        return json.load(f)
+    except FileNotFoundError:
+      return None
+    except (OSError, ValueError) as e:
+      logging.warning("ignoring the unreadable plan summary in %s: %s", self.directory, e)
+      return None
+
+  def write_meta(self, meta: dict[str, Any]) -> None:
+    """Records the summary; a cache that cannot be written only costs the next start time."""
+    try:
+      os.makedirs(self.directory, exist_ok=True)
+      fd, tmp = tempfile.mkstemp(prefix=".meta-", dir=self.directory)
+      with os.fdopen(fd, "w") as f:
+        json.dump(meta, f)
+      os.replace(tmp, os.path.join(self.directory, "meta.json"))
+    except OSError as e:
+      logging.warning("could not record the plan summary in %s: %s", self.directory, e)
+
+  def load(self, epoch: int) -> dict[str, np.ndarray] | None:
+    """Epoch `epoch`'s arrays, memory-mapped, or None when not on disk (or unreadable)."""
+    path = os.path.join(self.directory, f"epoch-{epoch}")
+    if not os.path.isdir(path):
+      return None
+    try:
+      return {name[:-4]: np.load(os.path.join(path, name), mmap_mode="r")
+              for name in os.listdir(path) if name.endswith(".npy")}
+    except (OSError, ValueError) as e:
+      logging.warning("planning epoch %d again: its plan in %s cannot be read: %s", epoch,
+                      path, e)
+      return None
+
+  def save(self, epoch: int, arrays: dict[str, np.ndarray]) -> None:
+    """Writes epoch `epoch`'s arrays (a no-op when another writer was first) and removes the
+    epochs before the previous one, except epoch 0."""
+    final = os.path.join(self.directory, f"epoch-{epoch}")
+    tmp = None
+    try:
+      os.makedirs(self.directory, exist_ok=True)
+      tmp = tempfile.mkdtemp(prefix=f".epoch-{epoch}-", dir=self.directory)
+      for name, array in arrays.items():
+        np.save(os.path.join(tmp, f"{name}.npy"), array)
+      os.chmod(tmp, 0o755)  # mkdtemp makes it private
+      os.rename(tmp, final)
+    except OSError as e:
+      if not os.path.isdir(final):  # not lost to a concurrent writer of the same plan
+        logging.warning("could not write the plan of epoch %d to %s: %s", epoch, final, e)
+        return
+    finally:
+      if tmp:
+        shutil.rmtree(tmp, ignore_errors=True)
+    for name in os.listdir(self.directory):
+      m = _EPOCH.match(name)
+      if m and 0 < int(m.group(1)) < epoch - 1:
+        shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
+
+  def epochs(self) -> list[int]:
+    """The epochs on disk, ascending."""
+    if not os.path.isdir(self.directory):
+      return []
+    return sorted(int(m.group(1)) for m in map(_EPOCH.match, os.listdir(self.directory)) if m)
