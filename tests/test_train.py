@@ -154,15 +154,13 @@ def test_mock_wmt_runs_offline(tmp_path):
 
 
 def test_wmt_without_data_fails_at_once_with_one_line(tmp_path):
-  start = time.time()
   proc = run_main("--config=configs/wmt.py:tiny", f"--workdir={tmp_path}/w",
                   f"--config.data_dir={tmp_path}/no_data")
   assert proc.returncode == 2
   lines = [ln for ln in proc.stderr.strip().splitlines() if ln.startswith("error:")]
   assert len(lines) == 1 and "wmt14" in lines[0] and "tfds build" in lines[0]
   assert "Traceback" not in proc.stderr
-  assert time.time() - start < 120
-  assert not os.path.exists(f"{tmp_path}/w")
+  assert not os.path.exists(f"{tmp_path}/w")  # failed before any work
 
 
 @pytest.mark.parametrize("override,field", [
