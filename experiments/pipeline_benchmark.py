@@ -11,7 +11,8 @@ workdir (vocabulary and cache present). Each start goes through the library's ow
   open          `input_pipeline.open_reader` (data check; builds the numbers corpus if absent)
   vocabulary    `get_tokenizer` (the sample streamed by index, SentencePiece training)
   token cache   `token_cache.load_or_build` (stream, tokenize, write; or memory-map)
-  batch plan    `train_batches` (bucketed or packed), its first epoch, the evaluation splits
+  batch plan    the bucket lengths, `train_batches` (bucketed or packed), its first epoch, the
+                evaluation splits
   first step    the sharded init, the ahead-of-time compile of every training and evaluation
                 batch shape (`Trainer.precompile`, as training does), and one training step
 
@@ -105,11 +106,14 @@ def one_start(config: Any, workdir: str, batches: int) -> dict[str, Any]:
   cache_bytes = sum(os.path.getsize(os.path.join(cache_dir, f)) for f in os.listdir(cache_dir)
                     if os.path.isfile(os.path.join(cache_dir, f)))
   mesh = sharding_lib.make_mesh(config.mesh)
-  train = input_pipeline.train_batches(split, config,
+  # As `input_pipeline.build_pipeline` does.
+  buckets = input_pipeline.resolve_buckets(config, split)
+  train = input_pipeline.train_batches(split, config, buckets=buckets,
                                        batch_multiple=sharding_lib.data_parallel_size(mesh))
   train.batch(0)  # draws the first epoch's plan
   evals, _ = input_pipeline.evaluation_data(config, reader, tok,
-                                            sharding_lib.data_parallel_size(mesh))
+                                            sharding_lib.data_parallel_size(mesh),
+                                            buckets=buckets)
   stage("batch plan")
   trainer = Trainer(config, mesh, model_config)
   state = trainer.init_state(config.seed)

@@ -476,6 +476,28 @@ def test_auto_buckets_follow_the_training_split_and_pad_less():
     auto.buckets[int(auto._plan(0).bucket[i])] for i in range(5)]  # noqa: SLF001
 
 
+def test_auto_buckets_are_kept_beside_the_token_cache(tmp_path, monkeypatch):
+  import dataclasses
+
+  lengths = np.random.default_rng(2).integers(3, 40, size=(500, 2))
+  split = dataclasses.replace(
+    TokenizedSplit.from_sequences([np.ones(n, np.int32) for n in lengths[:, 0]],
+                                  [np.ones(n, np.int32) for n in lengths[:, 1]]),
+    directory=str(tmp_path))
+  config = make_config(bucket_lengths="auto")
+  first = ip.resolve_buckets(config, split)
+  assert first == ip.resolve_buckets(config, dataclasses.replace(split, directory=None))
+
+  def never(self):
+    raise AssertionError("read the corpus's lengths again")
+
+  monkeypatch.setattr(TokenizedSplit, "source_lengths", never)
+  assert ip.resolve_buckets(config, split) == first  # a restart reads the kept lengths
+  config.data.max_source_len = 20  # other limits, other buckets: derived again
+  with pytest.raises(AssertionError, match="again"):
+    ip.resolve_buckets(config, split)
+
+
 def test_bucket_lengths_field_takes_auto_or_a_list_and_nothing_else():
   from configs import numbers as numbers_config
   from transformer.errors import ConfigError

@@ -43,7 +43,7 @@ import numpy as np
 from absl import logging
 
 from transformer import storage
-from transformer.data import corpora, token_cache
+from transformer.data import corpora, plan_cache, token_cache
 from transformer.data.batch_rows import check_process, padded_rows, process_rows
 from transformer.data.corpora import Reader
 from transformer.data.errors import DataError
@@ -196,16 +196,23 @@ def explicit_buckets(config: Any) -> list[int] | None:
 
 def resolve_buckets(config: Any, split: TokenizedSplit) -> list[int]:
   """The config's bucket lengths, or for 'auto' the ones `derive_buckets` finds in the training
-  split's pairs within the length limits (read from the token cache's offsets: ~0.1 s for
-  WMT14's 4.5M pairs, and always in step with the cache)."""
+  split's pairs within the length limits (read from the token cache's offsets once, and kept
+  beside the cache)."""
   buckets = explicit_buckets(config)
   if buckets is not None:
     return buckets
-  src, tgt = split.source_lengths(), split.target_lengths()
-  keep = (src <= config.data.max_source_len) & (tgt <= config.data.max_target_len)
-  if not keep.any():
-    raise DataError("no training example fits config.data.max_source_len/max_target_len")
-  return derive_buckets(np.maximum(src, tgt)[keep])
+  limits = (int(config.data.max_source_len), int(config.data.max_target_len))
+
+  def derive() -> list[int]:
+    src, tgt = split.source_lengths(), split.target_lengths()
+    keep = (src <= limits[0]) & (tgt <= limits[1])
+    if not keep.any():
+      raise DataError("no training example fits config.data.max_source_len/max_target_len")
+    return derive_buckets(np.maximum(src, tgt)[keep])
+
+  # Kept beside the token cache: a restart does not pass over the corpus's lengths again.
+  return [int(b) for b in plan_cache.remembered(
+    split.directory, f"buckets-{limits[0]}-{limits[1]}-{AUTO_BUCKETS}-{BUCKET_MULTIPLE}", derive)]
 
 
 def _buckets(config: Any) -> list[int]:

@@ -28,6 +28,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -41,6 +42,29 @@ def plan_key(fields: dict[str, Any]) -> str:
   """A short hash of everything a plan depends on besides the tokenized split."""
   text = json.dumps({"format": FORMAT, **fields}, sort_keys=True, default=str)
   return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def remembered(split_directory: str | None, name: str, compute: Callable[[], Any]) -> Any:
+  """`compute()`, a JSON value derived from the split, kept in `<split directory>/<name>.json`
+  so that later starts read it instead of passing over the corpus again (None: no directory,
+  computed every time)."""
+  if split_directory is None:
+    return compute()
+  path = os.path.join(split_directory, f"{name}.json")
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except (OSError, ValueError):
+    pass
+  value = compute()
+  try:
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}-", dir=split_directory)
+    with os.fdopen(fd, "w") as f:
+      json.dump(value, f)
+    os.replace(tmp, path)
+  except OSError as e:
+    logging.warning("could not keep %s in %s: %s", name, split_directory, e)
+  return value
 
 
 class PlanStore:
