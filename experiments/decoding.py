@@ -208,7 +208,8 @@ def run_benchmark(
 
       threads = threads or os.cpu_count() or 1
       translators = ct2_translators(model_dir, threads)
-      record.update(ctranslate2=ctranslate2.__version__, ct2_threads=threads)
+      record.update(ctranslate2=ctranslate2.__version__, ct2_threads=threads,
+                    ct2_force_cpu_isa=os.environ.get("CT2_FORCE_CPU_ISA") or None)
     for b in batch_sizes:
       batches = [random_sources(host_rng, b, src_len, mc.vocab_size)
                  for _ in range(warmup + repeats)]
@@ -305,8 +306,26 @@ def results_table(record: dict[str, Any]) -> str:
      *(f"ours / {label[i]}" for i in others)], rows, align="rl" + "r" * (len(impls) * 2))
 
 
+def isa_note(record: dict[str, Any]) -> str:
+  """A `## Machine` bullet when the decoders' kernels were limited to a narrower ISA than the
+  CPU has (`--xla_cpu_max_isa` in XLA_FLAGS, CTranslate2's `CT2_FORCE_CPU_ISA`), else ''."""
+  hw = record["hardware"]
+  isas = {f"XLA (`{w}`)": w.split("=", 1)[1] for w in hw.get("xla_flags", "").split()
+          if w.startswith("--xla_cpu_max_isa=")}
+  if record.get("ct2_force_cpu_isa"):
+    isas[f"CTranslate2 (`CT2_FORCE_CPU_ISA={record['ct2_force_cpu_isa']}`)"] = (
+      record["ct2_force_cpu_isa"])
+  if not isas:
+    return ""
+  limits = " and ".join(f"{who} to {isa}" for who, isa in isas.items())
+  isa = " / ".join(dict.fromkeys(isas.values()))
+  kind = hw.get("cpu_kind", "unknown").split(" (")[0]
+  return (f"- Kernels limited: {limits}. This measures the {isa} kernels on this {kind} "
+          f"machine, not an {isa} machine: the cores, caches and memory are this one's.\n")
+
+
 def write_report(path: str, record: dict[str, Any], command: str) -> str:
-  """The markdown report of a `run_benchmark` record."""
+  """The markdown report of a `run_benchmark` record (with `isa_note` under the machine)."""
   r = record
   compared = (f"CTranslate2 {r['ctranslate2']} (float32, and int8 with weights quantized at "
               f"load, on {r['ct2_threads']} thread(s)) on the same weights, exported with "
@@ -330,4 +349,4 @@ def write_report(path: str, record: dict[str, Any], command: str) -> str:
   body = ["## Results\n", results_table(r), "\n" + ".\n".join(checks) + ".\n"]
   title = ("Decoding speed against CTranslate2, same weights" if r["peer"] else
            "Decoding speed: KV-cached against uncached decoding")
-  return report.write_markdown(path, title, intro, command, body)
+  return report.write_markdown(path, title, intro, command, body, machine_note=isa_note(r))

@@ -323,11 +323,16 @@ def test_negative_alpha_is_rejected():
     run_beam(make_table(0), [0], [4], 4, beam_size=2, alpha=-0.5)
 
 
-@pytest.mark.parametrize("scan_layers", [False, True])
-def test_in_place_beam_caches_equal_reordered_caches(scan_layers):
-  """The Transformer's beams keep their self-attention caches in place (`kv_owner`) and the
-  encoder-side ones are prefilled: the same scores and sequences as reordering every cache."""
+@pytest.mark.parametrize("scan_layers,batch", [(False, 3), (True, 3), (False, 1)])
+def test_in_place_beam_caches_equal_reordered_caches(scan_layers, batch):
+  """The Transformer's beams keep their self-attention caches in place (`kv_owner`), the
+  encoder-side ones are prefilled and the logits use the transposed embedding
+  (`translate.output_kernel`), as in `translate.decode_tokens`: the same scores and sequences
+  as reordering every cache and multiplying by the embedding. Batch 1 takes the attention's
+  one-sentence path (`model._beam_group_attention`)."""
   import dataclasses
+
+  import flax.linen as nn
 
   from configs import wmt
   from transformer import translate
@@ -335,24 +340,27 @@ def test_in_place_beam_caches_equal_reordered_caches(scan_layers):
 
   cfg = dataclasses.replace(ModelConfig(**wmt.get_config("tiny").model),
                             scan_layers=scan_layers, dropout_rate=0.0)
-  batch, src_len, max_len, k = 3, 6, 7, 3
+  src_len, max_len, k = 6, 7, 3
   rng = np.random.default_rng(0)
   src = jnp.asarray(rng.integers(2, cfg.vocab_size, (batch, src_len)), jnp.int32)
-  src = src.at[:, -1].set(EOS).at[1, 4:].set(0).at[1, 3].set(EOS)
+  src = src.at[:, -1].set(EOS)
+  if batch > 1:
+    src = src.at[1, 4:].set(0).at[1, 3].set(EOS)
   params = Transformer(cfg).init(jax.random.key(0), src, src)["params"]
   encoded = Transformer(cfg).apply({"params": params}, src, method=Transformer.encode)
   step_model = Transformer(cfg, incremental=True)
   encoded_b, src_b = decode.tile_beams((encoded, src), k)
 
-  def tokens_to_logits(ids, cache):
+  def tokens_to_logits(ids, cache, output_kernel=None):
     logits, mutated = step_model.apply(
       {"params": params, "cache": cache}, encoded_b, src_b, ids,
-      method=Transformer.decode_logits, mutable=["cache"],
+      method=Transformer.decode_logits, mutable=["cache"], output_kernel=output_kernel,
     )
     return logits[:, -1, :], mutated["cache"]
 
-  def search(cache, reorder):
-    return decode.beam_search(tokens_to_logits, cache, batch_size=batch, beam_size=k,
+  def search(cache, reorder, output_kernel=None):
+    step = functools.partial(tokens_to_logits, output_kernel=output_kernel)
+    return decode.beam_search(step, cache, batch_size=batch, beam_size=k,
                               alpha=0.6, max_lengths=jnp.full((batch,), max_len),
                               max_len=max_len, eos_id=EOS, reorder=reorder)
 
@@ -362,6 +370,9 @@ def test_in_place_beam_caches_equal_reordered_caches(scan_layers):
   assert "kv_owner" in str(jax.tree_util.tree_structure(new))
   assert "cross_ready" not in str(jax.tree_util.tree_structure(new))
   seqs_old, scores_old = jax.jit(lambda c: search(c, None))(old)
-  seqs_new, scores_new = jax.jit(lambda c: search(c, translate.beam_reorder_mask(new)))(new)
+  kernel = translate.output_kernel(cfg, params)
+  np.testing.assert_array_equal(kernel, np.asarray(nn.unbox(params)["embed"]["embedding"]).T)
+  seqs_new, scores_new = jax.jit(
+    lambda c: search(c, translate.beam_reorder_mask(new), kernel))(new)
   np.testing.assert_array_equal(seqs_new, seqs_old)
   np.testing.assert_allclose(scores_new, scores_old, rtol=1e-5)

@@ -98,7 +98,7 @@ def test_defaults_yield_to_the_command_line():
 
 def test_peer_ctranslate2_tiny(tmp_path):
   """--peer=ctranslate2 on configs/numbers.py:tiny: one round, both batch sizes, the report."""
-  pytest.importorskip("ctranslate2")
+  import ctranslate2  # noqa: F401  (requirements.txt: a missing install fails here)
   path = tmp_path / "peer.md"
   cmd = [sys.executable, "-m", "experiments.decode_benchmark", "--config=configs/numbers.py:tiny",
          "--peer=ctranslate2", "--peer_batch_sizes=3,1", f"--src_len={S}", f"--out_len={T}",
@@ -125,3 +125,14 @@ def test_peer_bad_batch_sizes_is_one_line():
   proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
   assert proc.returncode == 2, proc.stderr[-2000:]
   assert proc.stderr.strip().splitlines()[-1].startswith("error: --peer_batch_sizes")
+
+
+def test_isa_note_names_the_limits_and_the_machine():
+  """The AVX2 kernels measured on an AVX-512 machine are labelled as such, not as an AVX2 CPU."""
+  hw = {"cpu_kind": "x86-64 AVX-512 (AVX2 only for XLA: --xla_cpu_max_isa=AVX2)",
+        "xla_flags": "--xla_force_host_platform_device_count=1 --xla_cpu_max_isa=AVX2"}
+  note = decoding.isa_note({"hardware": hw, "ct2_force_cpu_isa": "AVX2"})
+  assert "XLA (`--xla_cpu_max_isa=AVX2`) to AVX2" in note
+  assert "CTranslate2 (`CT2_FORCE_CPU_ISA=AVX2`) to AVX2" in note
+  assert "the AVX2 kernels on this x86-64 AVX-512 machine, not an AVX2 machine" in note
+  assert decoding.isa_note({"hardware": {**hw, "xla_flags": ""}, "ct2_force_cpu_isa": None}) == ""

@@ -36,7 +36,7 @@ from transformer import dropout as dropout_lib
 IMPLEMENTATIONS = ("xla", "chunked", "cudnn")
 
 # A large negative logit for masked positions; finite so that a fully masked row gives no NaN.
-_MASKED = -1e30
+MASKED = -1e30
 
 Array = jax.Array
 
@@ -175,7 +175,7 @@ def _xla_attention(query, key, value, mask, kv_mask, is_causal, segments, dropou
   logits = logits * scale
   mask = _full_mask(mask, kv_mask, is_causal, segments, q_len, kv_len)
   if mask is not None:
-    logits = jnp.where(mask, logits, _MASKED)
+    logits = jnp.where(mask, logits, MASKED)
   weights = jax.nn.softmax(logits, axis=-1)
   if mask is not None:
     # A fully masked row would otherwise be uniform; make it attend to nothing.
@@ -246,7 +246,7 @@ def _chunked_attention(query, key, value, mask, kv_mask, is_causal, segments, dr
         preferred_element_type=jnp.float32,
       ) * scale
       allowed = block_mask(qi, ki)
-      s = jnp.where(allowed, s, _MASKED)
+      s = jnp.where(allowed, s, MASKED)
       m_new = jnp.maximum(m_prev, s.max(axis=-1))
       p = jnp.where(allowed, jnp.exp(s - m_new[..., None]), 0.0)
       correction = jnp.exp(m_prev - m_new)
@@ -263,7 +263,7 @@ def _chunked_attention(query, key, value, mask, kv_mask, is_causal, segments, dr
       return (m_new, l_new, acc), None
 
     init = (
-      jnp.full((batch, heads, qc), _MASKED, jnp.float32),
+      jnp.full((batch, heads, qc), MASKED, jnp.float32),
       jnp.zeros((batch, heads, qc), jnp.float32),
       jnp.zeros((batch, qc, heads, dv), jnp.float32),
     )

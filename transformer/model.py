@@ -321,13 +321,20 @@ def _beam_group_attention(query: Array, key: Array, value: Array, owners: Array)
   q = query.reshape(n, group, heads, head_dim).transpose(0, 2, 1, 3)  # [n, h, r, k]
   k = key.reshape(n, group, heads, length, head_dim)  # [n, i, h, L, k]
   v = value.reshape(n, group, heads, length, head_dim)
-  # Scores as a fused multiply-reduce: XLA's CPU batched dot of [K, k] x [L, k]^T blocks is
-  # several times slower here than one pass over the keys.
-  logits = jnp.sum(q[:, None, :, :, None, :].astype(jnp.float32)
-                   * k[:, :, :, None, :, :].astype(jnp.float32), axis=-1)  # [n, i, h, r, L]
+  if n == 1:
+    # One sentence (latency-bound decoding): XLA:CPU's batched dots of [K, k] x [L, k]^T
+    # blocks take about half the time of the fused multiply-reduce below.
+    q_rows = jnp.broadcast_to(q[:, None], (n, group, heads, group, head_dim))
+    logits = jax.lax.dot_general(q_rows, k, (((4,), (4,)), ((0, 1, 2), (0, 1, 2))),
+                                 preferred_element_type=jnp.float32)  # [n, i, h, r, L]
+  else:
+    # Scores as a fused multiply-reduce: from two sentences on, the batched dots above are up
+    # to several times slower than one pass over the keys.
+    logits = jnp.sum(q[:, None, :, :, None, :].astype(jnp.float32)
+                     * k[:, :, :, None, :, :].astype(jnp.float32), axis=-1)  # [n, i, h, r, L]
   logits = logits * head_dim ** -0.5
   mask = owners.reshape(n, group, group, length).transpose(0, 2, 1, 3)[:, :, None]
-  logits = jnp.where(mask, logits, attn_lib._MASKED)
+  logits = jnp.where(mask, logits, attn_lib.MASKED)
   weights = jnp.where(mask, jax.nn.softmax(logits, axis=(1, 4)), 0.0)
   out = jax.lax.dot_general(weights.astype(value.dtype), v,
                             (((4,), (3,)), ((0, 1, 2), (0, 1, 2))))  # [n, i, h, r, k]
@@ -578,7 +585,9 @@ class Decoder(nn.Module):
   tgt_in int [b, t] (target shifted right, 0 first), encoded [b, s, d], src_mask bool [b, s]
   -> float32 logits [b, t, V]. With `decode=True`, t = 1 and positions come from the cache.
   Packed rows: segment_ids int [b, t] and positions int [b, t] of the target, src_segment_ids
-  int [b, s] of the source (0 = padding on both).
+  int [b, s] of the source (0 = padding on both). output_kernel [d, V]: the tied embedding
+  transposed once before a decoding loop (`translate.output_kernel`), used instead of it for
+  the logits (the same products; XLA:CPU multiplies a few rows by it about twice as fast).
   """
 
   config: ModelConfig
@@ -588,7 +597,8 @@ class Decoder(nn.Module):
   @nn.compact
   def __call__(self, tgt_in: Array, encoded: Array, src_mask: Array,
                deterministic: bool = True, *, segment_ids: Array | None = None,
-               positions: Array | None = None, src_segment_ids: Array | None = None) -> Array:
+               positions: Array | None = None, src_segment_ids: Array | None = None,
+               output_kernel: Array | None = None) -> Array:
     cfg = self.config
     embed = self.shared_embedding or Embed(cfg, name="embed")
     if self.decode:
@@ -609,7 +619,10 @@ class Decoder(nn.Module):
       y = nn.LayerNorm(dtype=cfg.compute_dtype, param_dtype=jnp.float32, name="final_norm",
                        scale_init=_init(("embed",), nn.initializers.ones),
                        bias_init=_init(("embed",), nn.initializers.zeros))(y)
-    if cfg.share_embeddings:
+    if cfg.share_embeddings and output_kernel is not None:
+      logits = jnp.einsum("btd,dv->btv", y, output_kernel.astype(y.dtype),
+                          preferred_element_type=jnp.float32)
+    elif cfg.share_embeddings:
       logits = embed.attend(y)
     else:
       logits = nn.Dense(cfg.vocab_size, use_bias=False, dtype=cfg.compute_dtype,
@@ -655,12 +668,15 @@ class Transformer(nn.Module):
                         positions=positions)
 
   def decode_logits(self, encoded: Array, inputs: Array, tgt_in: Array,
-                    train: bool = False, **packing: Array | None) -> Array:
+                    train: bool = False, *, output_kernel: Array | None = None,
+                    **packing: Array | None) -> Array:
     """Decoder logits [b, t, V] for decoder input tgt_in [b, t] (already shifted right).
 
-    `packing`: segment_ids, positions [b, t] and src_segment_ids [b, s] (see `Decoder`).
+    `packing`: segment_ids, positions [b, t] and src_segment_ids [b, s]; output_kernel
+    [d, V]: the tied embedding transposed (see `Decoder`).
     """
-    return self.decoder(tgt_in, encoded, inputs > 0, deterministic=not train, **packing)
+    return self.decoder(tgt_in, encoded, inputs > 0, deterministic=not train,
+                        output_kernel=output_kernel, **packing)
 
   def decode(self, encoded: Array, inputs: Array, targets: Array, train: bool = False,
              **packing: Array | None) -> Array:

@@ -10,6 +10,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -124,6 +125,18 @@ def prefill_cache(model_config: ModelConfig, params: Any, encoded: Array, inputs
   return _merge_cross(cache, mutated["cache"])
 
 
+def output_kernel(model_config: ModelConfig, params: Any) -> Array | None:
+  """The Transformer's tied pre-softmax weights as [d, V] (its embedding [V, d] transposed),
+  made once before a decoding loop and passed to every step (`Transformer.decode_logits`):
+  XLA:CPU multiplies the few rows of a step (the beams of one sentence) by this layout about
+  twice as fast, and the loop cannot transpose it once itself (XLA folds a transpose into
+  the product). None for a model without tied embeddings. Costs one copy of the embedding.
+  """
+  if model_config.kind != "transformer" or not model_config.share_embeddings:
+    return None
+  return jnp.transpose(nn.unbox(params)["embed"]["embedding"])
+
+
 def decode_tokens(params: Any, inputs: Array, model_config: ModelConfig, *, beam_size: int,
                   alpha: float, max_extra_len: int, max_len: int,
                   logits_filter: Callable[[Array, Array], Array] | None = None) -> Array:
@@ -147,12 +160,14 @@ def decode_tokens(params: Any, inputs: Array, model_config: ModelConfig, *, beam
     cache, reorder = (cache, jnp.zeros((batch,), jnp.int32)), (reorder, True)
   if beam_size > 1:
     encoded, inputs = decode_lib.tile_beams((encoded, inputs), beam_size)
+  kernel = output_kernel(model_config, params)
+  step_kwargs = {} if kernel is None else {"output_kernel": kernel}
 
   def tokens_to_logits(ids, cache):
     model_cache, step = cache if logits_filter is not None else (cache, None)
     logits, mutated = step_model.apply(
       {"params": params, "cache": model_cache}, encoded, inputs, ids,
-      method=type(step_model).decode_logits, mutable=["cache"],
+      method=type(step_model).decode_logits, mutable=["cache"], **step_kwargs,
     )
     if logits_filter is None:
       return logits[:, -1, :], mutated["cache"]
