@@ -256,18 +256,12 @@ class PackedBatches:
 
   def _plan_first_epoch(self, config: Any, batch_multiple: int) -> dict[str, Any]:
     """Plans epoch 0 from the split's lengths; the summary every later start reads."""
-    src_len, tgt_len = self.split.source_lengths(), self.split.target_lengths()
-    self.target_len = packed_target_len(config, src_len, tgt_len)
-    keep = ((src_len <= min(self._limits[0], self.source_len))
-            & (tgt_len <= min(self._limits[1], self.target_len)))
-    self.num_examples = int(keep.sum())
+    self.target_len = packed_target_len(config, self.split.source_lengths(),
+                                        self.split.target_lengths())
+    self.num_examples = len(self._kept_lengths()[0])
     if self.num_examples == 0:
       raise DataError("no training example fits config.data.max_source_len/max_target_len/"
                       "packed_source_len/packed_target_len")
-    # int32: lengths are at most the packed lengths (sums and cumulative sums are int64).
-    self._kept = (np.flatnonzero(keep), src_len[keep].astype(np.int32),
-                  tgt_len[keep].astype(np.int32))
-    del src_len, tgt_len, keep  # not held while epoch 0 is planned
     self.plan_rows = max(1, int(config.data.tokens_per_batch)
                         // max(self.source_len, self.target_len))
     plan = self._plan(0)
@@ -284,6 +278,7 @@ class PackedBatches:
     """(index in `split`, source length, target length) of the kept examples: read from the
     split only when an epoch must be planned."""
     if self._kept is None:
+      # int32: lengths are at most the packed lengths (sums and cumulative sums are int64).
       src_len, tgt_len = self.split.source_lengths(), self.split.target_lengths()
       keep = ((src_len <= min(self._limits[0], self.source_len))
               & (tgt_len <= min(self._limits[1], self.target_len)))
