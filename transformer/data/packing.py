@@ -233,8 +233,9 @@ class PackedBatches:
     self.process_index = process_index
     self.process_count = process_count
     self.source_len = int(config.data.packed_source_len)
+    self._tokens_per_batch = int(config.data.tokens_per_batch)
     self._limits = (int(config.data.max_source_len), int(config.data.max_target_len))
-    fields = {"seed": self.seed, "tokens_per_batch": int(config.data.tokens_per_batch),
+    fields = {"seed": self.seed, "tokens_per_batch": self._tokens_per_batch,
               "packed_source_len": self.source_len,
               "packed_target_len": config.data.packed_target_len, "limits": self._limits,
               "max_len": int(config.model.max_len), "overfill": OVERFILL}
@@ -244,32 +245,33 @@ class PackedBatches:
     self._kept: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
     meta = self._store.meta() if self._store else None
     if meta is None or meta.get("num_pairs") != len(split):
-      meta = self._plan_first_epoch(config, batch_multiple)
+      meta = self._plan_first_epoch(config)
     self.target_len = int(meta["target_len"])
     self.num_examples = int(meta["num_examples"])
     self.num_dropped = len(split) - self.num_examples
     self.steps_per_epoch = int(meta["steps_per_epoch"])
     self._real_tokens = int(meta["real_tokens"])
-    self.plan_rows = max(1, int(config.data.tokens_per_batch)
-                        // max(self.source_len, self.target_len))
     self.rows = padded_rows(self.plan_rows, batch_multiple, process_count)
 
-  def _plan_first_epoch(self, config: Any, batch_multiple: int) -> dict[str, Any]:
+  @property
+  def plan_rows(self) -> int:
+    """R, the rows the plan packs per step (before the devices' padding rows)."""
+    return max(1, self._tokens_per_batch // max(self.source_len, self.target_len))
+
+  def _plan_first_epoch(self, config: Any) -> dict[str, Any]:
     """Plans epoch 0 from the split's lengths; the summary every later start reads."""
     self.target_len = packed_target_len(config, self.split.source_lengths(),
                                         self.split.target_lengths())
-    self.num_examples = len(self._kept_lengths()[0])
+    _, src_len, tgt_len = self._kept_lengths()
+    self.num_examples = len(src_len)
     if self.num_examples == 0:
       raise DataError("no training example fits config.data.max_source_len/max_target_len/"
                       "packed_source_len/packed_target_len")
-    self.plan_rows = max(1, int(config.data.tokens_per_batch)
-                        // max(self.source_len, self.target_len))
     plan = self._plan(0)
-    real = (int(self.split.source_lengths()[plan.example].sum())
-            + int(self.split.target_lengths()[plan.example].sum()))
+    # Epoch 0 places every kept example exactly once.
     meta = {"num_pairs": len(self.split), "target_len": self.target_len,
             "num_examples": self.num_examples, "steps_per_epoch": len(plan.bounds) - 1,
-            "real_tokens": real}
+            "real_tokens": int(src_len.sum(dtype=np.int64) + tgt_len.sum(dtype=np.int64))}
     if self._store:
       self._store.write_meta(meta)
     return meta

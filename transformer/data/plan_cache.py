@@ -34,6 +34,8 @@ from typing import Any
 import numpy as np
 from absl import logging
 
+from transformer import storage
+
 FORMAT = 1
 _EPOCH = re.compile(r"^epoch-(\d+)$")
 
@@ -44,6 +46,26 @@ def plan_key(fields: dict[str, Any]) -> str:
   return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
+def read_json(path: str) -> Any:
+  """The JSON value at `path`, or None when it is missing or cannot be read (with a warning)."""
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except FileNotFoundError:
+    return None
+  except (OSError, ValueError) as e:
+    logging.warning("ignoring the unreadable %s: %s", path, e)
+    return None
+
+
+def write_json(path: str, value: Any) -> None:
+  """Writes `value` atomically; a cache that cannot be written only costs a later start time."""
+  try:
+    storage.write_atomic(path, json.dumps(value))
+  except OSError as e:
+    logging.warning("could not keep %s: %s", path, e)
+
+
 def remembered(split_directory: str | None, name: str, compute: Callable[[], Any]) -> Any:
   """`compute()`, a JSON value derived from the split, kept in `<split directory>/<name>.json`
   so that later starts read it instead of passing over the corpus again (None: no directory,
@@ -51,19 +73,10 @@ def remembered(split_directory: str | None, name: str, compute: Callable[[], Any
   if split_directory is None:
     return compute()
   path = os.path.join(split_directory, f"{name}.json")
-  try:
-    with open(path) as f:
-      return json.load(f)
-  except (OSError, ValueError):
-    pass
-  value = compute()
-  try:
-    fd, tmp = tempfile.mkstemp(prefix=f".{name}-", dir=split_directory)
-    with os.fdopen(fd, "w") as f:
-      json.dump(value, f)
-    os.replace(tmp, path)
-  except OSError as e:
-    logging.warning("could not keep %s in %s: %s", name, split_directory, e)
+  value = read_json(path)
+  if value is None:
+    value = compute()
+    write_json(path, value)
   return value
 
 
@@ -75,25 +88,10 @@ class PlanStore:
 
   def meta(self) -> dict[str, Any] | None:
     """The recorded summary, or None when there is none (or it cannot be read)."""
-    try:
-      with open(os.path.join(self.directory, "meta.json")) as f:
-        return json.load(f)
-    except FileNotFoundError:
-      return None
-    except (OSError, ValueError) as e:
-      logging.warning("ignoring the unreadable plan summary in %s: %s", self.directory, e)
-      return None
+    return read_json(os.path.join(self.directory, "meta.json"))
 
   def write_meta(self, meta: dict[str, Any]) -> None:
-    """Records the summary; a cache that cannot be written only costs the next start time."""
-    try:
-      os.makedirs(self.directory, exist_ok=True)
-      fd, tmp = tempfile.mkstemp(prefix=".meta-", dir=self.directory)
-      with os.fdopen(fd, "w") as f:
-        json.dump(meta, f)
-      os.replace(tmp, os.path.join(self.directory, "meta.json"))
-    except OSError as e:
-      logging.warning("could not record the plan summary in %s: %s", self.directory, e)
+    write_json(os.path.join(self.directory, "meta.json"), meta)
 
   def load(self, epoch: int) -> dict[str, np.ndarray] | None:
     """Epoch `epoch`'s arrays, memory-mapped, or None when not on disk (or unreadable)."""
