@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from typing import Any
@@ -127,8 +128,6 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def short_source(op_name: str) -> str:
   """An op's JAX source without the transformations and the repeated module path."""
-  import re
-
   path = re.sub(r"^jit\(train_step\)/|(transpose\()?jvp\([\w.]*\)\)?/", "", op_name)
   path = re.sub(r"Transformer\.(decode_logits|decode|encode)/", "", path)
   return path[-80:]

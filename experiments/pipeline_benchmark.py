@@ -101,8 +101,7 @@ def one_start(config: Any, workdir: str, batches: int) -> dict[str, Any]:
   stage("vocabulary")
   split = token_cache.load_or_build(reader, "train", tok, token_cache.cache_root(config, workdir))
   stage("token cache")
-  # The split's cache directory on disk (its memory-mapped files and meta.json).
-  cache_dir = os.path.dirname(split.source_offsets.filename)
+  cache_dir = split.directory  # its memory-mapped files and meta.json
   cache_bytes = sum(os.path.getsize(os.path.join(cache_dir, f)) for f in os.listdir(cache_dir)
                     if os.path.isfile(os.path.join(cache_dir, f)))
   mesh = sharding_lib.make_mesh(config.mesh)
