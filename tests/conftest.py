@@ -1,12 +1,14 @@
-"""Test setup: 8 simulated CPU devices, set before jax is imported anywhere."""
+"""Test setup: 8 simulated CPU devices and cheap compiles, set before jax is imported anywhere."""
 
 import atexit
 import os
 import shutil
 import tempfile
 
-os.environ["XLA_FLAGS"] = (
-  os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+from tests.xla_flags import FAST_COMPILE
+
+os.environ["XLA_FLAGS"] = " ".join(
+  [os.environ.get("XLA_FLAGS", ""), FAST_COMPILE, "--xla_force_host_platform_device_count=8"]
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # TensorFlow is used for tf.data only; keep its logging quiet in test output.

@@ -150,12 +150,15 @@ def test_compile_counter_counts_compiles_and_not_cached_calls():
 def test_an_unusable_cache_directory_is_a_warning(tmp_path, caplog):
   blocker = tmp_path / "file"
   blocker.write_text("not a directory")
-  before = jax.config.jax_compilation_cache_dir
-  with caplog.at_level(logging.WARNING):
-    assert compilation.use_persistent_cache(str(blocker / "cache")) is None
-  assert "compilation_cache_dir" in caplog.text and str(blocker) in caplog.text
-  assert before is None and jax.config.jax_compilation_cache_dir is None
-  assert compilation.use_persistent_cache("") is None  # '' turns it off
+  before = jax.config.jax_compilation_cache_dir  # set by an earlier test of this process or not
+  try:
+    with caplog.at_level(logging.WARNING):
+      assert compilation.use_persistent_cache(str(blocker / "cache")) is None
+    assert "compilation_cache_dir" in caplog.text and str(blocker) in caplog.text
+    assert jax.config.jax_compilation_cache_dir is None  # compiling goes on without a cache
+    assert compilation.use_persistent_cache("") is None  # '' turns it off
+  finally:
+    compilation.use_persistent_cache(before or "")
 
 
 def test_default_cache_directory_is_local_beside_the_token_cache(monkeypatch, tmp_path):

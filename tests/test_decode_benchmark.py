@@ -12,6 +12,7 @@ import pytest
 
 from configs import numbers, wmt
 from experiments import decoding
+from tests.xla_flags import FAST_COMPILE
 from transformer.errors import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -35,7 +36,7 @@ def test_benchmark_main_tiny(tmp_path):
   cmd = [sys.executable, "-m", "experiments.decode_benchmark", "--config=configs/numbers.py:tiny",
          "--config.model.share_embeddings=False", f"--batch_size={B}", f"--src_len={S}",
          f"--out_len={T}", f"--beam_size={K}", "--repeats=1", f"--report={path}"]
-  env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
+  env = {**os.environ, "XLA_FLAGS": FAST_COMPILE, "JAX_PLATFORMS": "cpu"}
   proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
   assert proc.returncode == 0, proc.stderr[-3000:]
   r = _last_json(proc.stdout)
@@ -103,7 +104,7 @@ def test_peer_ctranslate2_tiny(tmp_path):
   cmd = [sys.executable, "-m", "experiments.decode_benchmark", "--config=configs/numbers.py:tiny",
          "--peer=ctranslate2", "--peer_batch_sizes=3,1", f"--src_len={S}", f"--out_len={T}",
          f"--beam_size={K}", "--repeats=1", "--warmup=0", "--threads=1", f"--report={path}"]
-  env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
+  env = {**os.environ, "XLA_FLAGS": FAST_COMPILE, "JAX_PLATFORMS": "cpu"}
   proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
   assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
   r = _last_json(proc.stdout)
@@ -121,7 +122,7 @@ def test_peer_ctranslate2_tiny(tmp_path):
 def test_peer_bad_batch_sizes_is_one_line():
   cmd = [sys.executable, "-m", "experiments.decode_benchmark", "--config=configs/numbers.py:tiny",
          "--peer=ctranslate2", "--peer_batch_sizes=0"]
-  env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
+  env = {**os.environ, "XLA_FLAGS": FAST_COMPILE, "JAX_PLATFORMS": "cpu"}
   proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
   assert proc.returncode == 2, proc.stderr[-2000:]
   assert proc.stderr.strip().splitlines()[-1].startswith("error: --peer_batch_sizes")

@@ -20,6 +20,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.xla_flags import FAST_COMPILE
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Documentation files, relative to ROOT: the README and every page under docs/.
 DOC_FILES = ["README.md"] + sorted(
@@ -52,8 +54,8 @@ def blocks(languages: set[str]) -> list[tuple[str, int, str]]:
 PYTHON_BLOCKS = blocks({"python"})
 # The blocks run as a user's would: one CPU device (not the tests' 8), and cheap XLA:CPU
 # compiles, since the examples are tiny.
-DOC_ENV = {**os.environ, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "2", "XLA_FLAGS":
-           "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"}
+DOC_ENV = {**os.environ, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "2",
+           "XLA_FLAGS": FAST_COMPILE}
 
 
 def run_blocks(blocks_json: str, results_path: str) -> None:

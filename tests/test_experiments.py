@@ -18,12 +18,12 @@ import pytest
 from configs import numbers
 from experiments import attention_weights, heads_report, measure, seq_len_report, step_cost, tasks
 from experiments import sweeps as sweep
+from tests.xla_flags import FAST_COMPILE
 from transformer.model_family import param_count
 from transformer.validate import model_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # One CPU device per subprocess, and cheap XLA:CPU compiles (the tiny models do not care).
-FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 ENV = {**os.environ, "XLA_FLAGS": FAST_COMPILE, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "2"}
 
 

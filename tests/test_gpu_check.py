@@ -5,11 +5,13 @@ import os
 import subprocess
 import sys
 
+from tests.xla_flags import FAST_COMPILE
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_gpu_check_smoke(tmp_path):
-  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": FAST_COMPILE}
   proc = subprocess.run([sys.executable, "-m", "experiments.gpu_check", "--smoke",
                          f"--out={tmp_path}", "--timeout_s=300"], cwd=ROOT, env=env,
                         capture_output=True, text=True, timeout=1200)

@@ -5,13 +5,15 @@ import os
 import nbformat
 from nbclient import NotebookClient
 
+from tests.xla_flags import FAST_COMPILE
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_colab_notebook_runs_on_cpu(tmp_path, monkeypatch):
   monkeypatch.setenv("NOTEBOOK_CONFIG", "configs/numbers.py:tiny")
   monkeypatch.setenv("NOTEBOOK_WORKDIR", str(tmp_path / "run"))
-  monkeypatch.setenv("XLA_FLAGS", "")
+  monkeypatch.setenv("XLA_FLAGS", FAST_COMPILE)
   monkeypatch.setenv("PYTHONPATH", REPO)
   nb = nbformat.read(os.path.join(REPO, "experiments", "colab_tpu.ipynb"), as_version=4)
   NotebookClient(nb, timeout=600, kernel_name="python3",

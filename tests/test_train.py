@@ -12,12 +12,11 @@ import numpy as np
 import pytest
 
 from configs import numbers as numbers_config
+from tests.xla_flags import FAST_COMPILE
 from transformer import checkpoint as checkpoint_lib
 from transformer.train_state import cross_entropy, learning_rate_schedule
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# XLA:CPU optimises less and compiles about twice as fast; the tiny models do not care.
-FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 
 
 def run_main(*args, env_extra=None, timeout=600):
