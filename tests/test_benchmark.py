@@ -164,6 +164,7 @@ def test_bad_shapes_are_config_errors(kwargs, field):
     step_cost.run_benchmark(wmt.get_config("tiny"), **args)
 
 
+@pytest.mark.slow
 def test_compare_peer_alternates_and_reports_ratios(tmp_path):
   """experiments.compare_peer end to end, with tiny shapes and a stand-in for the peer."""
   fake_peer = tmp_path / "peer.py"

@@ -14,6 +14,8 @@ import time
 import urllib.parse
 import urllib.request
 
+import pytest
+
 from tests.gcs_emulator import emulator_env
 from tests.test_train import FAST_COMPILE, REPO, TINY, assert_same_run, run_main
 
@@ -61,6 +63,7 @@ def wait_until(condition, proc, what, timeout=300):
     time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_training_in_a_bucket_survives_kill_and_sigterm_and_serves_inference(gcs, tmp_path):
   env = {**os.environ, **gcs.env, "XLA_FLAGS": FAST_COMPILE}
   workdir, prefix = gcs.path("run"), "run"

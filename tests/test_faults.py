@@ -87,6 +87,7 @@ def test_other_vocabulary_size_is_refused(trained, tmp_path):
   assert tree_digest(workdir) == before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_saves_a_checkpoint_and_the_rerun_continues(tmp_path, sig):
   workdir = str(tmp_path / "w")
@@ -206,6 +207,7 @@ def start_main(*args):
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+@pytest.mark.slow
 def test_second_run_on_a_live_workdir_is_refused_naming_the_owner(tmp_path):
   workdir = tmp_path / "w"
   first = start_main(*TINY, f"--workdir={workdir}", "--config.num_train_steps=100000",
@@ -229,6 +231,7 @@ def test_second_run_on_a_live_workdir_is_refused_naming_the_owner(tmp_path):
   assert "taking over the lock" in again.stderr
 
 
+@pytest.mark.slow
 def test_concurrent_starts_on_an_empty_data_dir_build_everything_once(tmp_path):
   """Two runs started at the same moment: one corpus build, one shared token cache."""
   data_dir, cache = tmp_path / "tfds", tmp_path / "cache"

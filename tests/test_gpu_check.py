@@ -5,11 +5,14 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.xla_flags import FAST_COMPILE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow
 def test_gpu_check_smoke(tmp_path):
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": FAST_COMPILE}
   proc = subprocess.run([sys.executable, "-m", "experiments.gpu_check", "--smoke",

@@ -152,6 +152,7 @@ def test_grad_accum_steps_must_be_a_positive_integer(value):
     make_train_step(None, None, 0.1, value)
 
 
+@pytest.mark.slow
 def test_resume_after_kill_with_accumulation_is_bitwise_exact(tmp_path):
   """kill -9 a run of 3 micro-batches per step (bucketed rows 16 and 8: both padded) after a
   checkpoint, restart: it ends as the uninterrupted run."""

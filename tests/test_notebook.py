@@ -3,6 +3,7 @@
 import os
 
 import nbformat
+import pytest
 from nbclient import NotebookClient
 
 from tests.xla_flags import FAST_COMPILE
@@ -10,6 +11,7 @@ from tests.xla_flags import FAST_COMPILE
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow
 def test_colab_notebook_runs_on_cpu(tmp_path, monkeypatch):
   monkeypatch.setenv("NOTEBOOK_CONFIG", "configs/numbers.py:tiny")
   monkeypatch.setenv("NOTEBOOK_WORKDIR", str(tmp_path / "run"))

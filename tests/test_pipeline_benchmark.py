@@ -5,11 +5,14 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.test_train import FAST_COMPILE, REPO
 
 STAGES = ["open", "vocabulary", "token cache", "batch plan", "first step", "batches"]
 
 
+@pytest.mark.slow
 def test_first_start_and_restart_are_reported_stage_by_stage(tmp_path):
   out = tmp_path / "pipeline"
   cmd = [sys.executable, "-m", "experiments.pipeline_benchmark",

@@ -149,6 +149,7 @@ def plan_losses(mesh, num_devices, split, steps=4):
   return np.array(out), batches
 
 
+@pytest.mark.slow
 def test_batch_plan_and_losses_do_not_depend_on_the_mesh(tiny_train_split):
   """1 device against 8 (data, fsdp, mixed): the same examples, the same losses every step."""
   single, plan1 = plan_losses((1, 1, 1), 1, tiny_train_split)
@@ -185,6 +186,7 @@ def _train_losses(workdir):
   return [r["train/loss"] for r in records if "train/loss" in r]
 
 
+@pytest.mark.slow
 def test_two_processes_match_one_process(tmp_path):
   """Two processes x 2 CPU devices over 127.0.0.1 give the losses of one process x 4."""
   single = _run_cli(tmp_path / "single", [], 4)

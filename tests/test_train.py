@@ -94,6 +94,7 @@ def test_rerun_of_a_finished_run_resumes_and_changes_nothing(tiny_run):
   jax.tree.map(np.testing.assert_array_equal, before, after)
 
 
+@pytest.mark.slow
 def test_resume_after_kill_is_bitwise_exact(tmp_path):
   """kill -9 mid-run, restart: the final parameters equal an uninterrupted run's, bitwise.
 
@@ -249,3 +250,45 @@ def test_average_mode_of_the_cli(tiny_run):
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "average of steps" in proc.stdout and "test BLEU" in proc.stdout
   assert any("average_test/bleu" in r for r in read_metrics(workdir))
+
+
+def tiny_trainer():
+  from transformer import sharding as sharding_lib
+  from transformer.train import Trainer
+  from transformer.validate import validate
+
+  config = numbers_config.get_config("tiny")
+  config.mesh.data = 1
+  return Trainer(config, sharding_lib.make_mesh(config.mesh, jax.devices()[:1]),
+                 validate(config, 1))
+
+
+def test_a_nonfinite_step_leaves_parameters_and_moments_bitwise_unchanged():
+  trainer = tiny_trainer()
+  rng = np.random.default_rng(0)
+  batch = {k: jax.numpy.asarray(rng.integers(3, 200, (8, 16)), jax.numpy.int32)
+           for k in ("inputs", "targets")}
+  state = trainer.init_state(0)
+  state, _ = trainer.train_step(state, batch, jax.random.key(1))  # Adam moments not all zero
+  embedding = state.params["embed"]["embedding"]
+  poisoned = state.replace(params={**state.params, "embed": {
+    "embedding": embedding.at[0, 0].set(np.inf)}})
+  before = jax.tree.map(np.asarray, poisoned)  # the step donates (deletes) its input state
+  after, metrics = trainer.train_step(poisoned, batch, jax.random.key(1))
+  assert float(metrics["nonfinite"]) == 1.0
+  assert int(after.step) == 2 and int(after.nonfinite_total) == 1
+  for name, old, new in (("params", before.params, after.params),
+                         ("opt_state", before.opt_state, after.opt_state)):
+    jax.tree.map(lambda x, y, name=name: np.testing.assert_array_equal(
+      x, np.asarray(y), err_msg=name), old, new)
+
+
+def test_the_step_updates_its_donated_state_in_place():
+  """No parameter or Adam moment is copied in the compiled step: a select between the new and
+  the old values made XLA copy every one of them each step (3 x the parameters' bytes)."""
+  trainer = tiny_trainer()
+  hlo = trainer.lower_train_step(trainer.batch_spec((8, 16))).compile().as_text()
+  entry = hlo[hlo.index("\nENTRY"):]
+  assert "%state_params__" in entry  # the state's parameters are named as this test expects
+  copied = [line.strip()[:120] for line in entry.splitlines() if " copy(%state_" in line]
+  assert copied == [], copied

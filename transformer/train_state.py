@@ -218,22 +218,30 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
       loss, sums, grads = accumulate(state.params, batch, dropout_rng)
     grad_norm = _tree_norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-    updates, new_opt_state = tx.update(grads, state.opt_state, state.params)
-    new_params = optax.apply_updates(state.params, updates)
-    # Skip a non-finite update entirely: parameters and Adam moments stay as they were.
-    keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+
+    def update(params, opt_state, grads):
+      updates, new_opt_state = tx.update(grads, opt_state, params)
+      return optax.apply_updates(params, updates), new_opt_state
+
+    # Skip a non-finite update entirely: parameters and Adam moments stay as they were. A
+    # conditional, not a select of new and old values: XLA copies every donated parameter and
+    # moment before a select that reads the old ones (3 x the parameters' bytes every step),
+    # while a conditional's branch updates them in place. For the same reason the metrics
+    # read the norm of the parameters after the step, not before.
+    new_params, new_opt_state = jax.lax.cond(finite, update, lambda p, o, g: (p, o),
+                                             state.params, state.opt_state, grads)
     in_a_row = jnp.where(finite, 0, state.nonfinite_in_a_row + 1)
     new_state = state.replace(
       step=state.step + 1,
-      params=keep(new_params, state.params),
-      opt_state=keep(new_opt_state, state.opt_state),
+      params=new_params,
+      opt_state=new_opt_state,
       nonfinite_in_a_row=in_a_row.astype(jnp.int32),
       nonfinite_total=(state.nonfinite_total + (~finite)).astype(jnp.int32),
     )
     metrics = {
       **sums,
       "grad_norm": grad_norm,
-      "param_norm": _tree_norm(state.params),
+      "param_norm": _tree_norm(new_params),
       "nonfinite": (~finite).astype(jnp.float32),
       "source_tokens": (batch["inputs"] > 0).sum().astype(jnp.float32),
     }
