@@ -223,13 +223,19 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
       updates, new_opt_state = tx.update(grads, opt_state, params)
       return optax.apply_updates(params, updates), new_opt_state
 
-    # Skip a non-finite update entirely: parameters and Adam moments stay as they were. A
-    # conditional, not a select of new and old values: XLA copies every donated parameter and
-    # moment before a select that reads the old ones (3 x the parameters' bytes every step),
-    # while a conditional's branch updates them in place. For the same reason the metrics
-    # read the norm of the parameters after the step, not before.
-    new_params, new_opt_state = jax.lax.cond(finite, update, lambda p, o, g: (p, o),
-                                             state.params, state.opt_state, grads)
+    # Skip a non-finite update entirely: parameters and Adam moments stay as they were. On
+    # CPU a conditional, not a select of new and old values: XLA:CPU copies every donated
+    # parameter and moment before a select that reads the old ones (3 x the parameters' bytes
+    # every step), while a conditional's branch updates them in place. For the same reason the
+    # metrics read the norm of the parameters after the step. On GPUs XLA reads a
+    # conditional's predicate back to the host, which would stall every step: a select there.
+    if jax.default_backend() == "cpu":
+      new_params, new_opt_state = jax.lax.cond(finite, update, lambda p, o, g: (p, o),
+                                               state.params, state.opt_state, grads)
+    else:
+      keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+      new_params, new_opt_state = keep(update(state.params, state.opt_state, grads),
+                                       (state.params, state.opt_state))
     in_a_row = jnp.where(finite, 0, state.nonfinite_in_a_row + 1)
     new_state = state.replace(
       step=state.step + 1,
