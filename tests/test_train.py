@@ -222,10 +222,6 @@ def test_label_smoothed_cross_entropy_against_numpy():
 def test_average_of_checkpoints_is_the_mean(tiny_run):
   import orbax.checkpoint as ocp
 
-  from transformer import sharding as sharding_lib
-  from transformer.train import Trainer
-  from transformer.validate import validate
-
   workdir, _ = tiny_run
   ckpt = checkpoint_lib.Checkpointer(os.path.join(workdir, "checkpoints"), None, False)
   steps = ckpt.all_steps()[-2:]
@@ -233,10 +229,7 @@ def test_average_of_checkpoints_is_the_mean(tiny_run):
   with ocp.CheckpointManager(ckpt.directory, item_names=("state", "meta")) as mgr:
     trees = [mgr.restore(s, args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]
              for s in steps]
-  config = numbers_config.get_config("tiny")
-  config.mesh.data = 1
-  trainer = Trainer(config, sharding_lib.make_mesh(config.mesh, jax.devices()[:1]),
-                    validate(config, 1))
+  trainer = tiny_trainer()
   avg = checkpoint_lib.average_params(ckpt, steps, trainer.abstract_state)
   expected = jax.tree.map(lambda a, b: (np.asarray(a) + np.asarray(b)) / 2,
                           trees[0]["params"], trees[1]["params"])
