@@ -119,6 +119,9 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
       # The best run's least CPU time of a step over its best step time: busy threads.
       "ours_threads": best["step_cpu_s"] / best["step_s"],
       "peer_threads": (best_peer.get("step_cpu_s") or float("nan")) / best_peer["step_s"],
+      # Minor page faults of the best runs' median step, in thousands.
+      "ours_kfaults": (best.get("step_minor_faults") or float("nan")) / 1e3,
+      "peer_kfaults": (best_peer.get("step_minor_faults") or float("nan")) / 1e3,
       "compile_s": min(r["compile_s"] for r in ours),
       "temp_mib": best["temp_memory_bytes"] / 2**20,
       "profile": next((r["profile"] for r in reversed(ours) if r.get("profile")), None),
@@ -161,8 +164,8 @@ def write_report(path: str, records: list[dict[str, Any]], command: str) -> str:
            for s in shapes for p in ("ours", "peer")}
   header = ["shape", "variant (ours)", "ours tokens/s (runs)", "peer tokens/s (runs)", "ratio",
             "ours / peer fraction of own matmul rate (GFLOP/s)",
-            "ours / peer best CPU s per step", "ours / peer busy threads", "compile s",
-            "temp MiB"]
+            "ours / peer best CPU s per step", "ours / peer busy threads",
+            "ours / peer page faults per step (thousands)", "compile s", "temp MiB"]
   table = [[
     f"`{r['shape']}`", DESCRIPTIONS.get(r["variant"], r["variant"]),
     f"**{r['ours_best']:.0f}** (" + ", ".join(f"{x:.0f}" for x in r["ours_tokens_per_s"]) + ")",
@@ -171,7 +174,8 @@ def write_report(path: str, records: list[dict[str, Any]], command: str) -> str:
     f"{r['ours_fraction']:.2f} ({r['ours_matmul_gflops']:.0f}) / "
     f"{r['peer_fraction']:.2f} ({r['peer_matmul_gflops']:.0f})",
     f"{r['ours_step_cpu_s']:.2f} / {r['peer_step_cpu_s']:.2f}",
-    f"{r['ours_threads']:.2f} / {r['peer_threads']:.2f}", f"{r['compile_s']:.1f}",
+    f"{r['ours_threads']:.2f} / {r['peer_threads']:.2f}",
+    f"{r['ours_kfaults']:.0f} / {r['peer_kfaults']:.0f}", f"{r['compile_s']:.1f}",
     f"{r['temp_mib']:.0f}",
   ] for r in rows]
   shape_lines = "".join(f"- `{s}`: {SHAPES[s][2]}; model FLOPs per step "
@@ -186,7 +190,9 @@ def write_report(path: str, records: list[dict[str, Any]], command: str) -> str:
     f"is in `{os.path.basename(_OUT.value)}.jsonl`. Tokens/s count source + target tokens; "
     "each side's best run, ratio = our best / the peer's best. CPU s per step: the least CPU "
     "time (all threads) of a timed step, which moves less than wall time with the load of "
-    "other processes. In the command, `PY` is a Python with torch (requirements-peer.txt); "
+    "other processes. Page faults: the minor page faults of the best run's median step, "
+    "memory the kernel maps and zeroes on first touch (freed to the OS and mapped again in "
+    "every step). In the command, `PY` is a Python with torch (requirements-peer.txt); "
     f"the peer's script is `{report_lib.public_path(_PEER.value)}`. Shapes:\n\n{shape_lines}",
     command, body,
     machine_note=f"- Peer: torch {peer0.get('torch', '?')}, {peer0.get('threads', '?')} "

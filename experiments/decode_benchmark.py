@@ -3,7 +3,7 @@
     python -m experiments.decode_benchmark --batch_size=8 --src_len=32 --out_len=64 \
         --beam_size=4 --repeats=3                      # -> experiments/results/decode.md
     python -m experiments.decode_benchmark --peer=ctranslate2 --peer_batch_sizes=32,1 \
-        --src_len=32 --out_len=64 --beam_size=4 --repeats=3   # -> decode_vs_ctranslate2.md
+        --src_len=32 --out_len=64 --beam_size=4 --repeats=3   # -> benchmark_vs_peer_decode.md
 
 The first times KV-cached greedy and beam search against uncached greedy decoding, the second
 against CTranslate2 float32 and int8 on the same (random) weights. Both print the table and,
@@ -43,7 +43,7 @@ _THREADS = flags.DEFINE_integer("threads", None, "--peer: CTranslate2 threads (d
                                 "cores, as XLA's CPU runtime uses).")
 _REPORT = flags.DEFINE_string(
   "report", None, "The markdown report ('' for none); default experiments/results/decode.md, "
-  "with --peer decode_vs_ctranslate2.md.")
+  "with --peer benchmark_vs_peer_decode.md.")
 FLAGS = flags.FLAGS
 
 
@@ -78,7 +78,7 @@ def main(argv: list[str]) -> None:
   print(decoding.results_table(record), flush=True)
   path = _REPORT.value
   if path is None:
-    name = "decode_vs_ctranslate2.md" if _PEER.value else "decode.md"
+    name = "benchmark_vs_peer_decode.md" if _PEER.value else "decode.md"
     path = os.path.join(decoding.ROOT, "experiments", "results", name)
   if path:
     print(f"report: {decoding.write_report(path, record, command)}", flush=True)

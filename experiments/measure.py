@@ -226,26 +226,36 @@ def time_interleaved(fns: dict[Any, Callable[[int], Any]], rounds: int, warmup: 
   return times, outputs
 
 
+def minor_faults() -> int:
+  """Minor page faults of this process so far: pages the kernel mapped (and zeroed) on first
+  touch. Memory that a step frees to the OS and maps again faults in every step."""
+  import resource
+
+  return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def time_steps(step: Callable[..., tuple[Any, Any]], state: Any, batches: Sequence[Any],
-               rng: Any) -> tuple[Any, Any, list[float], list[float]]:
+               rng: Any) -> tuple[Any, Any, list[float], list[float], list[int]]:
   """Runs `state, metrics = step(state, batch, rng)` over `batches`, one after the other.
 
   Each step is synchronised (`block_until_ready`) before its clocks stop. Returns the last
-  state and metrics, and the wall and CPU (all threads of this process) seconds of each step;
-  the caller drops the warm-up steps.
+  state and metrics, and the wall and CPU (all threads of this process) seconds and the minor
+  page faults of each step; the caller drops the warm-up steps.
   """
   import jax
 
   metrics = None
-  times, cpu_times = [], []
+  times, cpu_times, faults = [], [], []
   for batch in batches:
+    f = minor_faults()
     c = time.process_time()
     t = time.perf_counter()
     state, metrics = step(state, batch, rng)
     jax.block_until_ready((state, metrics))
     times.append(time.perf_counter() - t)
     cpu_times.append(time.process_time() - c)
-  return state, metrics, times, cpu_times
+    faults.append(minor_faults() - f)
+  return state, metrics, times, cpu_times, faults
 
 
 def run_json(cmd: Sequence[str], timeout: float | None = None,

@@ -42,7 +42,8 @@ def measure_step(config: Any, mc: Any, batch_size: int, src_len: int, tgt_len: i
 
   Unless `steps` is 0 or `should_run(record)` gives a reason not to (kept as
   `timing_skipped`), runs `warmup` untimed and `steps` timed steps: step_s is the best,
-  step_cpu_s the least CPU time (all threads of this process) of a timed step. Then
+  step_cpu_s the least CPU time (all threads of this process) of a timed step,
+  step_minor_faults the median minor page faults of a timed step. Then
   `profile_steps` more steps run under the JAX profiler, untimed: `profile` is their
   `op_profile`.
   """
@@ -67,7 +68,8 @@ def measure_step(config: Any, mc: Any, batch_size: int, src_len: int, tgt_len: i
     **{f"hlo_{k}": v for k, v in measure.loop_iterations(compiled.as_text()).items()},
     "params": count_params(trainer.abstract_state.params),
     "step_s": None, "step_s_median": None, "step_times_s": [], "step_cpu_s": None,
-    "step_cpu_s_median": None, "first_step_s": None, "timing_skipped": None, "profile": None,
+    "step_cpu_s_median": None, "step_minor_faults": None, "first_step_s": None,
+    "timing_skipped": None, "profile": None,
   }
   why = should_run(record) if should_run is not None else None
   if steps == 0 or why:
@@ -80,15 +82,16 @@ def measure_step(config: Any, mc: Any, batch_size: int, src_len: int, tgt_len: i
     measure.random_batch(host, batch_size, src_len, tgt_len, mc.vocab_size, segments), mesh)
     for _ in range(warmup + steps)]
   jax.block_until_ready(batches)
-  state, metrics, times, cpu = measure.time_steps(compiled, trainer.init_state(seed), batches,
-                                                  jax.random.key(seed))
+  state, metrics, times, cpu, faults = measure.time_steps(
+    compiled, trainer.init_state(seed), batches, jax.random.key(seed))
   loss = float(metrics["loss"] / metrics["tokens"])
   if not np.isfinite(loss):
     raise RuntimeError(f"the measured step produced a non-finite loss ({loss})")
   timed, timed_cpu = times[warmup:], cpu[warmup:]
   record.update(step_s=min(timed), step_s_median=statistics.median(timed), step_times_s=timed,
                 step_cpu_s=min(timed_cpu), step_cpu_s_median=statistics.median(timed_cpu),
-                first_step_s=times[0], last_loss=loss)
+                step_minor_faults=statistics.median_low(faults[warmup:]), first_step_s=times[0],
+                last_loss=loss)
   if profile_steps:
     import tempfile
 

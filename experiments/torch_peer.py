@@ -38,6 +38,7 @@ import argparse
 import json
 import math
 import os
+import resource
 import statistics
 import sys
 import time
@@ -229,8 +230,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     tgt_in = torch.cat([torch.zeros_like(tgt[:, :1]), tgt[:, :-1]], dim=1)  # shifted right
     batches.append((src, tgt_in, tgt))
 
-  times, cpu_times = [], []
+  times, cpu_times, faults = [], [], []
   for src, tgt_in, tgt in batches:
+    f = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     c = time.process_time()
     t = time.perf_counter()
     opt.zero_grad(set_to_none=True)
@@ -242,6 +244,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     loss = step_loss.item()  # waits for the step
     times.append(time.perf_counter() - t)
     cpu_times.append(time.process_time() - c)
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f)
   if not math.isfinite(loss):
     raise RuntimeError(f"the peer's step produced a non-finite loss ({loss})")
   timed, timed_cpu = times[args.warmup_steps:], cpu_times[args.warmup_steps:]
@@ -262,6 +265,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     "step_times_s": timed,
     "step_cpu_s": min(timed_cpu),
     "step_cpu_s_median": statistics.median(timed_cpu),
+    "step_minor_faults": statistics.median_low(faults[args.warmup_steps:]),
     "first_step_s": times[0],
     "model_flops_per_step": flops,
     "achieved_flops_per_s": flops / best,

@@ -94,6 +94,7 @@ def test_benchmark_main_one_step():
   ):
     assert r[key] > 0, key
   assert r["step_s_stat"] == "best"
+  assert isinstance(r["step_minor_faults"], int) and r["step_minor_faults"] >= 0
   assert len(r["step_times_s"]) == 1 and r["step_s"] == min(r["step_times_s"])
   assert r["step_s"] <= r["step_s_median"]
   assert r["tokens_per_s"] == pytest.approx(B * (S + T) / r["step_s"], rel=1e-9)
@@ -162,6 +163,15 @@ def test_bad_shapes_are_config_errors(kwargs, field):
   args = {"batch_size": B, "src_len": S, "tgt_len": T, "steps": 0, **kwargs}
   with pytest.raises(ConfigError, match=field):
     step_cost.run_benchmark(wmt.get_config("tiny"), **args)
+
+
+def test_minor_faults_count_first_touches():
+  import numpy as np
+
+  before = measure.minor_faults()
+  x = np.ones(2**24, np.float32)  # 64 MiB: fresh pages, each mapped on first touch
+  assert measure.minor_faults() - before >= 32, "not even one fault per 2 MiB page"
+  del x
 
 
 @pytest.mark.slow

@@ -16,7 +16,8 @@ import tensorflow_datasets as tfds
 from configs import numbers as numbers_config
 from configs import text as text_config
 from configs import wmt as wmt_config
-from tests.test_train import FAST_COMPILE, REPO, assert_same_run, read_metrics, run_main
+from tests.test_train import REPO, assert_same_run, read_metrics, run_main
+from tests.xla_flags import FAST_COMPILE
 from transformer.data import corpora
 from transformer.data import numbers as nb
 from transformer.data.errors import DataError

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from configs import numbers as numbers_config
-from tests.test_train import FAST_COMPILE
+from tests.xla_flags import FAST_COMPILE
 from transformer import sharding as sharding_lib
 from transformer.checkpoint import Checkpointer
 from transformer.errors import ConfigError

@@ -14,7 +14,7 @@ import pytest
 from configs import numbers as numbers_config
 from tests.xla_flags import FAST_COMPILE
 from transformer import checkpoint as checkpoint_lib
-from transformer.train_state import cross_entropy, learning_rate_schedule
+from transformer.train_state import cross_entropy, learning_rate_schedule, make_train_step
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -256,18 +256,28 @@ def tiny_trainer():
                  validate(config, 1))
 
 
-def test_a_nonfinite_step_leaves_parameters_and_moments_bitwise_unchanged():
+@pytest.mark.parametrize("platform", ["cpu", "gpu"])
+def test_a_nonfinite_step_leaves_parameters_and_moments_bitwise_unchanged(platform):
+  """Both ways of skipping the update: a conditional (CPU) and a select (GPU, TPU); the step
+  of `platform` runs here on CPU devices."""
   trainer = tiny_trainer()
+  step = jax.jit(make_train_step(trainer.model, trainer.tx, trainer.config.label_smoothing,
+                                 platform=platform), donate_argnums=0)
+
+  def train_step(state, batch, rng):
+    with trainer.context():
+      return step(state, batch, rng)
+
   rng = np.random.default_rng(0)
   batch = {k: jax.numpy.asarray(rng.integers(3, 200, (8, 16)), jax.numpy.int32)
            for k in ("inputs", "targets")}
   state = trainer.init_state(0)
-  state, _ = trainer.train_step(state, batch, jax.random.key(1))  # Adam moments not all zero
+  state, _ = train_step(state, batch, jax.random.key(1))  # Adam moments not all zero
   embedding = state.params["embed"]["embedding"]
   poisoned = state.replace(params={**state.params, "embed": {
     "embedding": embedding.at[0, 0].set(np.inf)}})
   before = jax.tree.map(np.asarray, poisoned)  # the step donates (deletes) its input state
-  after, metrics = trainer.train_step(poisoned, batch, jax.random.key(1))
+  after, metrics = train_step(poisoned, batch, jax.random.key(1))
   assert float(metrics["nonfinite"]) == 1.0
   assert int(after.step) == 2 and int(after.nonfinite_total) == 1
   for name, old, new in (("params", before.params, after.params),

@@ -69,7 +69,8 @@ class Trainer:
     self._init = jax.jit(lambda rng: nn.unbox(init_boxed(rng)),
                          out_shardings=self.state_shardings)
     self._train_step = jax.jit(
-      make_train_step(self.model, self.tx, config.label_smoothing, config.grad_accum_steps),
+      make_train_step(self.model, self.tx, config.label_smoothing, config.grad_accum_steps,
+                      platform=mesh.devices.flat[0].platform),
       in_shardings=(self.state_shardings, batch, replicated),
       out_shardings=(self.state_shardings, replicated),
       donate_argnums=0,

@@ -155,7 +155,8 @@ def split_micro_batches(batch: dict[str, Array], k: int) -> dict[str, Array]:
 
 
 def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
-                    label_smoothing: float, grad_accum_steps: int = 1) -> Callable:
+                    label_smoothing: float, grad_accum_steps: int = 1,
+                    platform: str | None = None) -> Callable:
   """Returns the pure `train_step(state, batch, rng) -> (state, metrics)`.
 
   batch: {'inputs': int32 [b, s], 'targets': int32 [b, t]}, and for packed rows also the
@@ -170,6 +171,9 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
   as with k = 1, not a mean of micro-batch means. Micro-batch i draws its dropout masks from
   `fold_in(fold_in(rng, step), i)`. Metrics are the whole batch's, as with k = 1; k = 1 is
   the single pass, unchanged.
+
+  `platform` ('cpu', 'gpu', 'tpu') is that of the devices the step runs on (the mesh's; by
+  default the process's default backend): it picks how a non-finite update is skipped.
   """
   if isinstance(grad_accum_steps, bool) or not isinstance(grad_accum_steps, int) or (
       grad_accum_steps < 1):
@@ -229,7 +233,7 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
     # every step), while a conditional's branch updates them in place. For the same reason the
     # metrics read the norm of the parameters after the step. On GPUs XLA reads a
     # conditional's predicate back to the host, which would stall every step: a select there.
-    if jax.default_backend() == "cpu":
+    if (platform or jax.default_backend()) == "cpu":
       new_params, new_opt_state = jax.lax.cond(finite, update, lambda p, o, g: (p, o),
                                                state.params, state.opt_state, grads)
     else:
