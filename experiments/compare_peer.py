@@ -95,6 +95,11 @@ _OUT = flags.DEFINE_string("out", os.path.join("experiments", "results", "benchm
                            "Output path without extension (.jsonl and .md are written).")
 
 
+def thousands(count: float | None) -> float:
+  """A count in thousands; NaN where a record has none (a peer that does not count it)."""
+  return float("nan") if count is None else count / 1e3
+
+
 def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
   """One row per shape and variant: best of ours, best of the peer runs paired with them."""
   rows = []
@@ -120,8 +125,8 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
       "ours_threads": best["step_cpu_s"] / best["step_s"],
       "peer_threads": (best_peer.get("step_cpu_s") or float("nan")) / best_peer["step_s"],
       # Minor page faults of the best runs' median step, in thousands.
-      "ours_kfaults": (best.get("step_minor_faults") or float("nan")) / 1e3,
-      "peer_kfaults": (best_peer.get("step_minor_faults") or float("nan")) / 1e3,
+      "ours_kfaults": thousands(best.get("step_minor_faults")),
+      "peer_kfaults": thousands(best_peer.get("step_minor_faults")),
       "compile_s": min(r["compile_s"] for r in ours),
       "temp_mib": best["temp_memory_bytes"] / 2**20,
       "profile": next((r["profile"] for r in reversed(ours) if r.get("profile")), None),

@@ -23,6 +23,7 @@ os.environ.setdefault("EPATH_USE_TF", "false")
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
+from transformer import host_memory  # noqa: E402
 from transformer.errors import fail  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -123,6 +124,7 @@ def main(argv: list[str]) -> None:
     )
   if jax.process_index() != 0:
     logging.set_verbosity(logging.WARNING)
+  logging.info("Host memory: %s", host_memory.state())
 
   workdir = _WORKDIR.value
   if workdir is None:
@@ -189,6 +191,9 @@ def _train(config, workdir: str) -> None:
 
 
 def run() -> None:
+  # Before JAX allocates anything: on CPU this may run the same command again, once, with
+  # glibc's large blocks on huge pages (transformer/host_memory.py).
+  host_memory.use_huge_pages()
   app.run(main, flags_parser=parse_flags)
 
 

@@ -1,0 +1,58 @@
+"""Huge pages for glibc's large blocks: when the entry point runs itself again, and that it does."""
+
+import os
+import platform
+import subprocess
+import sys
+
+import pytest
+
+from transformer import host_memory
+
+GLIBC = ("glibc", "2.36")
+
+
+def test_madvise_mode_on_a_recent_glibc_adds_the_tunable_to_the_others():
+  env = host_memory.huge_pages_environment({"A": "1", "GLIBC_TUNABLES": "glibc.malloc.arena_max=2"},
+                                           GLIBC, "madvise")
+  assert env == {"A": "1", "GLIBC_TUNABLES": "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"}
+  assert host_memory.huge_pages_environment({}, GLIBC, "madvise") == {
+    "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
+
+
+@pytest.mark.parametrize("environ, libc, mode", [
+  ({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}, GLIBC, "madvise"),  # the user's opt-out
+  ({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}, GLIBC, "madvise"),  # after the execve
+  ({}, GLIBC, "always"),  # large blocks have huge pages already
+  ({}, GLIBC, "never"),
+  ({}, GLIBC, None),  # no transparent huge pages in this kernel
+  ({}, ("glibc", "2.34"), "madvise"),  # before the tunable
+  ({}, ("", ""), "madvise"),  # musl, or a libc platform cannot name
+])
+def test_runs_on_as_it_is_where_huge_pages_cannot_help(environ, libc, mode):
+  assert host_memory.huge_pages_environment(environ, libc, mode) is None
+
+
+@pytest.mark.parametrize("text, mode", [
+  ("always [madvise] never\n", "madvise"), ("[always] madvise never\n", "always"),
+  ("always madvise [never]\n", "never"), ("garbage\n", None)])
+def test_thp_mode_is_the_bracketed_word(tmp_path, text, mode):
+  path = tmp_path / "enabled"
+  path.write_text(text)
+  assert host_memory.thp_mode(str(path)) == mode
+  assert host_memory.thp_mode(str(tmp_path / "absent")) is None
+
+
+def test_use_huge_pages_runs_the_command_again_with_the_tunable():
+  """In a child: the tunable it ends with is the one `huge_pages_environment` asks for here, and
+  the command (its arguments) is the same after the execve."""
+  env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+  code = ("import os, sys; from transformer import host_memory; host_memory.use_huge_pages(); "
+          "print(os.environ.get('GLIBC_TUNABLES'), sys.argv[1:])")
+  proc = subprocess.run([sys.executable, "-c", code, "x", "--y=1"], capture_output=True,
+                        text=True, timeout=120, env=env,
+                        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  expected = host_memory.huge_pages_environment(env, platform.libc_ver(), host_memory.thp_mode())
+  tunables = None if expected is None else expected["GLIBC_TUNABLES"]
+  assert proc.stdout.strip() == f"{tunables} ['x', '--y=1']"

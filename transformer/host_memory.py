@@ -1,0 +1,86 @@
+"""Host memory: glibc's large blocks on transparent huge pages, for XLA:CPU's per-step buffers.
+
+XLA:CPU allocates the temporary buffers of every execution afresh (a training step's hold
+hundreds of MiB), and glibc serves blocks that large with `mmap` and gives them back with
+`munmap`, so the kernel maps and zeroes each 4 KiB page of them again in every step: about
+200,000 minor page faults per step at the small shapes of experiments/compare_peer.py and
+400,000 at the base model's (the page-fault column of experiments/results/benchmark_vs_peer.md).
+glibc 2.35 and later can ask for transparent huge pages for those blocks
+(`GLIBC_TUNABLES=glibc.malloc.hugetlb=1`, https://www.gnu.org/software/libc/manual/html_node/
+Memory-Allocation-Tunables.html): one fault per 2 MiB instead of per 4 KiB. The tunable is read
+when a process starts, so `use_huge_pages` runs the same command again in the same process
+(`execve`), once, before anything heavy is imported.
+
+It does nothing where it cannot help: not Linux with glibc >= 2.35, transparent huge pages
+`always` (large blocks get them already) or `never` (none to get), or `glibc.malloc.hugetlb`
+already in GLIBC_TUNABLES. The last is the way to opt out:
+`GLIBC_TUNABLES=glibc.malloc.hugetlb=0 python -m transformer.main ...`.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from collections.abc import Mapping
+
+TUNABLE = "glibc.malloc.hugetlb"
+THP_ENABLED = "/sys/kernel/mm/transparent_hugepage/enabled"
+
+
+def thp_mode(path: str = THP_ENABLED) -> str | None:
+  """The kernel's transparent-huge-page mode ('always', 'madvise', 'never'): the bracketed word
+  of `path` ("always [madvise] never"); None where the file is absent or has none."""
+  try:
+    with open(path) as f:
+      text = f.read()
+  except OSError:
+    return None
+  start, end = text.find("["), text.find("]")
+  return text[start + 1:end] if 0 <= start < end else None
+
+
+def huge_pages_environment(environ: Mapping[str, str], libc: tuple[str, str],
+                           mode: str | None) -> dict[str, str] | None:
+  """The environment to run this process again in, with huge pages for glibc's large blocks;
+  None to run on as it is.
+
+  environ: the current environment; libc: `platform.libc_ver()`, e.g. ('glibc', '2.36');
+  mode: `thp_mode()`.
+  """
+  if mode != "madvise":
+    return None
+  name, version = libc
+  try:
+    major_minor = tuple(int(x) for x in version.split(".")[:2])
+  except ValueError:
+    return None
+  if name != "glibc" or major_minor < (2, 35):
+    return None
+  tunables = environ.get("GLIBC_TUNABLES", "")
+  if TUNABLE in tunables:  # set by the user (=0 opts out), or by the run before the execve
+    return None
+  return {**environ, "GLIBC_TUNABLES": ":".join(t for t in (tunables, f"{TUNABLE}=1") if t)}
+
+
+def state() -> str:
+  """One line for the log: whether glibc's large blocks are on huge pages, and why."""
+  tunables = os.environ.get("GLIBC_TUNABLES", "")
+  setting = next((t for t in tunables.split(":") if t.startswith(TUNABLE + "=")), None)
+  if setting:
+    return f"GLIBC_TUNABLES {setting} (transparent huge pages: {thp_mode()})"
+  return (f"glibc's default pages (transparent huge pages: {thp_mode()}; "
+          f"libc: {' '.join(platform.libc_ver()) or 'unknown'})")
+
+
+def use_huge_pages() -> None:
+  """Runs this command again, in this process and with the same arguments, with
+  `glibc.malloc.hugetlb=1` where `huge_pages_environment` says so; else returns."""
+  argv = getattr(sys, "orig_argv", None)
+  if sys.platform != "linux" or not argv:
+    return
+  env = huge_pages_environment(os.environ, platform.libc_ver(), thp_mode())
+  if env is not None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, argv, env)
