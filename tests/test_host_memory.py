@@ -56,3 +56,19 @@ def test_use_huge_pages_runs_the_command_again_with_the_tunable():
   expected = host_memory.huge_pages_environment(env, platform.libc_ver(), host_memory.thp_mode())
   tunables = None if expected is None else expected["GLIBC_TUNABLES"]
   assert proc.stdout.strip() == f"{tunables} ['x', '--y=1']"
+
+
+def test_the_training_command_runs_with_huge_pages_where_they_help(tmp_path):
+  """`python -m transformer.main` logs its host-memory state; here a run that stops at its data
+  check (no WMT data) is enough to see it."""
+  env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+  proc = subprocess.run(
+    [sys.executable, "-m", "transformer.main", "--config=configs/wmt.py:tiny",
+     f"--workdir={tmp_path}/w", f"--config.data_dir={tmp_path}/no_data"],
+    cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), env=env,
+    capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  line = next((ln for ln in proc.stderr.splitlines() if "Host memory: " in ln), None)
+  assert line is not None, proc.stderr[-2000:]
+  expected = host_memory.huge_pages_environment(env, platform.libc_ver(), host_memory.thp_mode())
+  assert ("glibc.malloc.hugetlb=1" in line) == (expected is not None), line

@@ -191,11 +191,12 @@ def _train(config, workdir: str) -> None:
 
 
 def run() -> None:
-  # Before JAX allocates anything: on CPU this may run the same command again, once, with
-  # glibc's large blocks on huge pages (transformer/host_memory.py).
-  host_memory.use_huge_pages()
   app.run(main, flags_parser=parse_flags)
 
 
 if __name__ == "__main__":
+  # Before JAX allocates anything, and only as the command itself (never from a caller's
+  # process): this may run the same command again, once, with glibc's large blocks on huge
+  # pages (transformer/host_memory.py).
+  host_memory.use_huge_pages()
   run()
