@@ -30,10 +30,11 @@ from transformer import storage
 from transformer.errors import ConfigError
 
 # Programs that compile faster than this are not written to the cache: the training, evaluation
-# and decoding programs all take longer (seconds), the many tiny eager programs (a few ms each)
-# would only add files. JAX's own default (1 s) would leave out a small model's programs on a
-# fast machine. The environment variable JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS wins.
-MIN_COMPILE_TIME_S = 0.5
+# and decoding programs all take longer (a small model's evaluation step about half a second on
+# a 2-core CPU, so a 0.5 s limit left some out), the many tiny eager programs (a few ms each)
+# would only add files. JAX's own default (1 s) would leave out more. The environment variable
+# JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS wins.
+MIN_COMPILE_TIME_S = 0.1
 # JAX's monitoring events: every XLA compile (a persistent-cache load included), and cache hits.
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
