@@ -7,9 +7,18 @@ import sys
 
 import pytest
 
+from tests.test_train import REPO
 from transformer import host_memory
 
 GLIBC = ("glibc", "2.36")
+# The environment of the child processes: without any GLIBC_TUNABLES of the test's own.
+CHILD_ENV = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+
+
+def expected_tunables() -> str | None:
+  """GLIBC_TUNABLES that a child started with CHILD_ENV ends with on this machine."""
+  env = host_memory.huge_pages_environment(CHILD_ENV, platform.libc_ver(), host_memory.thp_mode())
+  return None if env is None else env["GLIBC_TUNABLES"]
 
 
 def test_madvise_mode_on_a_recent_glibc_adds_the_tunable_to_the_others():
@@ -46,29 +55,22 @@ def test_thp_mode_is_the_bracketed_word(tmp_path, text, mode):
 def test_use_huge_pages_runs_the_command_again_with_the_tunable():
   """In a child: the tunable it ends with is the one `huge_pages_environment` asks for here, and
   the command (its arguments) is the same after the execve."""
-  env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
   code = ("import os, sys; from transformer import host_memory; host_memory.use_huge_pages(); "
           "print(os.environ.get('GLIBC_TUNABLES'), sys.argv[1:])")
   proc = subprocess.run([sys.executable, "-c", code, "x", "--y=1"], capture_output=True,
-                        text=True, timeout=120, env=env,
-                        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                        text=True, timeout=120, env=CHILD_ENV, cwd=REPO)
   assert proc.returncode == 0, proc.stderr[-2000:]
-  expected = host_memory.huge_pages_environment(env, platform.libc_ver(), host_memory.thp_mode())
-  tunables = None if expected is None else expected["GLIBC_TUNABLES"]
-  assert proc.stdout.strip() == f"{tunables} ['x', '--y=1']"
+  assert proc.stdout.strip() == f"{expected_tunables()} ['x', '--y=1']"
 
 
 def test_the_training_command_runs_with_huge_pages_where_they_help(tmp_path):
   """`python -m transformer.main` logs its host-memory state; here a run that stops at its data
   check (no WMT data) is enough to see it."""
-  env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
   proc = subprocess.run(
     [sys.executable, "-m", "transformer.main", "--config=configs/wmt.py:tiny",
      f"--workdir={tmp_path}/w", f"--config.data_dir={tmp_path}/no_data"],
-    cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), env=env,
-    capture_output=True, text=True, timeout=300)
+    cwd=REPO, env=CHILD_ENV, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 2, proc.stderr[-2000:]
   line = next((ln for ln in proc.stderr.splitlines() if "Host memory: " in ln), None)
   assert line is not None, proc.stderr[-2000:]
-  expected = host_memory.huge_pages_environment(env, platform.libc_ver(), host_memory.thp_mode())
-  assert ("glibc.malloc.hugetlb=1" in line) == (expected is not None), line
+  assert ("glibc.malloc.hugetlb=1" in line) == (expected_tunables() is not None), line

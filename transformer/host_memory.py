@@ -40,6 +40,11 @@ def thp_mode(path: str = THP_ENABLED) -> str | None:
   return text[start + 1:end] if 0 <= start < end else None
 
 
+def _hugetlb_setting(tunables: str) -> str | None:
+  """The `glibc.malloc.hugetlb=...` entry of a GLIBC_TUNABLES value ('a=1:b=2'), or None."""
+  return next((t for t in tunables.split(":") if t.startswith(TUNABLE + "=")), None)
+
+
 def huge_pages_environment(environ: Mapping[str, str], libc: tuple[str, str],
                            mode: str | None) -> dict[str, str] | None:
   """The environment to run this process again in, with huge pages for glibc's large blocks;
@@ -58,15 +63,14 @@ def huge_pages_environment(environ: Mapping[str, str], libc: tuple[str, str],
   if name != "glibc" or major_minor < (2, 35):
     return None
   tunables = environ.get("GLIBC_TUNABLES", "")
-  if TUNABLE in tunables:  # set by the user (=0 opts out), or by the run before the execve
+  if _hugetlb_setting(tunables):  # set by the user (=0 opts out), or before the execve
     return None
   return {**environ, "GLIBC_TUNABLES": ":".join(t for t in (tunables, f"{TUNABLE}=1") if t)}
 
 
 def state() -> str:
   """One line for the log: whether glibc's large blocks are on huge pages, and why."""
-  tunables = os.environ.get("GLIBC_TUNABLES", "")
-  setting = next((t for t in tunables.split(":") if t.startswith(TUNABLE + "=")), None)
+  setting = _hugetlb_setting(os.environ.get("GLIBC_TUNABLES", ""))
   if setting:
     return f"GLIBC_TUNABLES {setting} (transparent huge pages: {thp_mode()})"
   return (f"glibc's default pages (transparent huge pages: {thp_mode()}; "
