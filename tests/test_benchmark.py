@@ -209,6 +209,48 @@ def test_compare_peer_alternates_and_reports_ratios(tmp_path):
   assert "CPU kind: **" in md
 
 
+def test_compile_depth_ratios_are_per_scan_setting():
+  from experiments import compile_depth
+
+  records = [{"layers": n, "scan_layers": scan, "compile_s": s}
+             for n, scan, s in ((6, True, 10.0), (24, True, 12.0), (6, False, 20.0),
+                                (24, False, 140.0))]
+  ratios = [r["compile_vs_shallowest"] for r in compile_depth.with_ratios(records)]
+  assert ratios == pytest.approx([1.0, 1.2, 1.0, 7.0])
+
+
+@pytest.mark.slow
+def test_compile_depth_end_to_end(tmp_path):
+  """experiments.compile_depth at tiny shapes: one compile-only child per depth, a report."""
+  out = tmp_path / "depth"
+  shapes = ["--config=configs/wmt.py:tiny", f"--config.model.vocab_size={VOCAB}", f"--batch_size={B}", f"--src_len={S}",
+            f"--tgt_len={T}"]
+  proc = subprocess.run(
+    [sys.executable, "-m", "experiments.compile_depth", "--layers=1,2", "--scan_layers=true",
+     "--benchmark_flags=" + ",".join(shapes), f"--out={out}"],
+    cwd=ROOT, capture_output=True, text=True, timeout=600,
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  records = json.loads((tmp_path / "depth.json").read_text())["records"]
+  assert [(r["layers"], r["scan_layers"]) for r in records] == [(1, True), (2, True)]
+  assert all(r["compile_s"] > 0 and r["temp_memory_bytes"] > 0 for r in records)
+  assert records[0]["compile_vs_shallowest"] == 1.0
+  md = (tmp_path / "depth.md").read_text()
+  assert "CPU kind: **" in md and "compile_depth" in md
+
+
+@pytest.mark.parametrize("args, message", [
+  (["--layers=6,x"], "--layers"),
+  (["--layers=0"], "--layers"),
+  (["--scan_layers=maybe"], "--scan_layers"),
+])
+def test_compile_depth_bad_arguments_are_one_line(args, message):
+  proc = subprocess.run([sys.executable, "-m", "experiments.compile_depth", *args],
+                        cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+  assert len(proc.stderr.strip().splitlines()) == 1
+
+
 @pytest.mark.parametrize("args, message", [
   (["--shapes=tiny"], "--shapes"),
   (["--shapes=custom"], "--shapes=custom"),
