@@ -223,8 +223,8 @@ def test_compile_depth_ratios_are_per_scan_setting():
 def test_compile_depth_end_to_end(tmp_path):
   """experiments.compile_depth at tiny shapes: one compile-only child per depth, a report."""
   out = tmp_path / "depth"
-  shapes = ["--config=configs/wmt.py:tiny", f"--config.model.vocab_size={VOCAB}", f"--batch_size={B}", f"--src_len={S}",
-            f"--tgt_len={T}"]
+  shapes = ["--config=configs/wmt.py:tiny", f"--config.model.vocab_size={VOCAB}",
+            f"--batch_size={B}", f"--src_len={S}", f"--tgt_len={T}"]
   proc = subprocess.run(
     [sys.executable, "-m", "experiments.compile_depth", "--layers=1,2", "--scan_layers=true",
      "--benchmark_flags=" + ",".join(shapes), f"--out={out}"],

@@ -448,17 +448,39 @@ def test_wmt14_missing_offline_fails_at_once(tmp_path):
 # --- bucket lengths derived from the corpus, packing by default ----------------------------------
 
 
-def test_derived_buckets_are_rounded_quantiles_of_the_lengths():
+def _padded(buckets, longest):
+  """Positions of the examples padded to their buckets (each the smallest that holds it)."""
+  return int(np.asarray(buckets)[np.searchsorted(buckets, longest)].sum())
+
+
+def test_derived_buckets_pad_least():
+  """Against every choice of at most `count` rounded lengths, on random distributions."""
+  import itertools
+
   rng = np.random.default_rng(0)
-  longest = np.clip(rng.lognormal(np.log(20), 0.5, 10_000).astype(np.int64), 2, 120)
-  buckets = ip.derive_buckets(longest, count=4, multiple=8)
-  expect = sorted({int(np.ceil(np.sort(longest)[int(np.ceil(q * len(longest))) - 1] / 8) * 8)
-                   for q in (0.25, 0.5, 0.75, 1.0)})
-  assert buckets == expect and buckets[-1] >= longest.max()
-  assert all(b % 8 == 0 for b in buckets)
-  # About a quarter of the examples fall in each bucket.
-  counts = np.bincount(np.searchsorted(buckets, longest), minlength=len(buckets))
-  assert counts.min() > 0.15 * len(longest)
+  for _ in range(25):
+    longest = rng.integers(1, rng.integers(2, 90), size=rng.integers(1, 60))
+    count = int(rng.integers(1, 5))
+    buckets = ip.derive_buckets(longest, count=count, multiple=8)
+    assert len(buckets) <= count and buckets == sorted(set(buckets))
+    assert all(b % 8 == 0 for b in buckets) and buckets[-1] >= longest.max()
+    lengths = sorted({-(-int(n) // 8) * 8 for n in longest})
+    least = min(_padded(sorted(c) + [lengths[-1]], longest) for k in range(count)
+                for c in itertools.combinations(lengths[:-1], k))
+    assert _padded(buckets, longest) == least
+
+
+def test_derived_buckets_split_a_long_tail():
+  """Lengths as in WMT: most pairs short, a tail to the limit. Equal-count quantiles leave the
+  tail to one bucket of the longest length; the derived buckets pad far less."""
+  rng = np.random.default_rng(0)
+  longest = np.clip(rng.lognormal(np.log(25), 0.6, 50_000).astype(np.int64), 2, 256)
+  buckets = ip.derive_buckets(longest, count=8, multiple=8)
+  assert len(buckets) == 8 and buckets[-1] == 256
+  quantiles = sorted({-(-int(q) // 8) * 8 for q in np.quantile(
+    longest, np.arange(1, 9) / 8, method="higher")})
+  real = longest.sum()
+  assert real / _padded(buckets, longest) > real / _padded(quantiles, longest) + 0.1
 
 
 def test_auto_buckets_follow_the_training_split_and_pad_less():

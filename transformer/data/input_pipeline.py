@@ -170,15 +170,40 @@ BUCKET_MULTIPLE = 8
 
 def derive_buckets(longest: np.ndarray, count: int = AUTO_BUCKETS,
                    multiple: int = BUCKET_MULTIPLE) -> list[int]:
-  """Bucket lengths from a length distribution: its quantiles 1/count, 2/count, ..., 1, each
-  rounded up to a multiple of `multiple` (so about as many examples fall in each bucket, and
-  the longest example fits the last).
+  """At most `count` bucket lengths, multiples of `multiple`, that pad a length distribution
+  least: they minimise the padded positions sum_i b(longest[i]), b(l) the smallest bucket >= l,
+  which is what every example costs in a token-budget batch of its bucket. The last bucket
+  holds the longest example.
+
+  Exact, by dynamic programming over the distinct lengths rounded up to `multiple` (M of them,
+  O(count * M^2) time, O(M) memory). Quantiles (as many examples in each bucket) would put a
+  long tail into one bucket of the longest length.
 
   Args:
     longest: [n] length of each example (the longer of its two sides), n >= 1.
   """
-  quantiles = np.quantile(longest, np.arange(1, count + 1) / count, method="higher")
-  return sorted({int(-(-int(q) // multiple) * multiple) for q in quantiles})
+  rounded = -(-np.asarray(longest, np.int64) // multiple) * multiple
+  lengths, counts = np.unique(rounded, return_counts=True)  # [M], ascending
+  fewer = np.concatenate([[0], np.cumsum(counts)])  # fewer[j]: examples of the j shortest
+  m = len(lengths)
+  best = np.concatenate([[0.0], np.full(m, np.inf)])  # best[j]: least padding of the j shortest
+  choices = []  # per bucket added: where the last bucket starts, for each j
+  for _ in range(min(count, m)):
+    new, start = np.full(m + 1, np.inf), np.zeros(m + 1, np.int64)
+    for j in range(1, m + 1):  # the last bucket, of lengths[j - 1], holds lengths i .. j - 1
+      total = best[:j] + (fewer[j] - fewer[:j]) * lengths[j - 1]
+      start[j] = np.argmin(total)
+      new[j] = total[start[j]]
+    best = new
+    choices.append(start)
+  # Fewer buckets never pad less, so `count` of them (or all M) end at the longest length.
+  buckets, end = [], m
+  for start in reversed(choices):
+    buckets.append(int(lengths[end - 1]))
+    end = int(start[end])
+    if end == 0:
+      break
+  return sorted(buckets)
 
 
 def explicit_buckets(config: Any) -> list[int] | None:
@@ -211,8 +236,9 @@ def resolve_buckets(config: Any, split: TokenizedSplit) -> list[int]:
     return derive_buckets(np.maximum(src, tgt)[keep])
 
   # Kept beside the token cache: a restart does not pass over the corpus's lengths again.
-  return [int(b) for b in plan_cache.remembered(
-    split.directory, f"buckets-{limits[0]}-{limits[1]}-{AUTO_BUCKETS}-{BUCKET_MULTIPLE}", derive)]
+  # `minpad` names the method, so that buckets an older rule derived are not taken for these.
+  key = f"buckets-minpad-{limits[0]}-{limits[1]}-{AUTO_BUCKETS}-{BUCKET_MULTIPLE}"
+  return [int(b) for b in plan_cache.remembered(split.directory, key, derive)]
 
 
 def _buckets(config: Any) -> list[int]:
