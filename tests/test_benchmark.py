@@ -338,7 +338,8 @@ def test_compare_peer_uses_the_repository_peer_and_writes_no_local_paths():
 def test_the_peer_comparison_points_nowhere_outside_the_repository():
   """The peer used to live outside the repository (`../../shared/peers/...`)."""
   for name in ("experiments/compare_peer.py", "experiments/torch_peer.py",
-               "experiments/results/benchmark.md", "experiments/results/benchmark_vs_peer.md",
+               "experiments/results/benchmark_vs_peer_dropout.md",
+               "experiments/results/benchmark_vs_peer.md",
                "experiments/results/benchmark_vs_peer.jsonl"):
     with open(os.path.join(ROOT, name), encoding="utf-8") as f:
       text = f.read()
