@@ -34,8 +34,8 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   config.data.vocab_size = 32000 if french else 37000
   # The vocabulary is trained on a sample of 500k pairs (1M sentences, drawn by index from
   # the stream): SentencePiece's time and memory grow with its input (1M pairs took 447 s and
-  # 6.4 GiB on 2 cores, twice 500k's: experiments/results/pipeline_vocab_1M_pairs.md), and
-  # 1M sentences is plenty for 37,000 pieces.
+  # 6.4 GiB on 2 cores, 500k 224 s and 3.6 GiB: experiments/results/pipeline_vocab_1M_pairs.md
+  # and pipeline.md), and 1M sentences is plenty for 37,000 pieces.
   config.data.spm_train_sentences = 500_000
   config.data.tokens_per_batch = 25000
   config.data.max_source_len = 256

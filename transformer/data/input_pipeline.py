@@ -176,14 +176,20 @@ def derive_buckets(longest: np.ndarray, count: int = AUTO_BUCKETS,
   holds the longest example.
 
   Exact, by dynamic programming over the distinct lengths rounded up to `multiple` (M of them,
-  O(count * M^2) time, O(M) memory). Quantiles (as many examples in each bucket) would put a
-  long tail into one bucket of the longest length.
+  O(n + count * M^2) time, O(count * M) memory). Quantiles (as many examples in each bucket)
+  would put a long tail into one bucket of the longest length.
 
   Args:
     longest: [n] length of each example (the longer of its two sides), n >= 1.
   """
-  rounded = -(-np.asarray(longest, np.int64) // multiple) * multiple
-  lengths, counts = np.unique(rounded, return_counts=True)  # [M], ascending
+  if count < 1 or multiple < 1:
+    raise ValueError(f"derive_buckets needs count >= 1 and multiple >= 1, got {count}, {multiple}")
+  units = -(-np.asarray(longest, np.int64) // multiple)  # lengths in multiples, rounded up
+  if units.size == 0 or units.min() < 1:
+    raise ValueError("derive_buckets needs at least one example, every length >= 1")
+  histogram = np.bincount(units)  # one pass over the n lengths, no sort
+  lengths = np.flatnonzero(histogram) * multiple  # [M], ascending
+  counts = histogram[histogram > 0]
   fewer = np.concatenate([[0], np.cumsum(counts)])  # fewer[j]: examples of the j shortest
   m = len(lengths)
   best = np.concatenate([[0.0], np.full(m, np.inf)])  # best[j]: least padding of the j shortest
