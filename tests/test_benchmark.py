@@ -210,12 +210,12 @@ def test_compare_peer_alternates_and_reports_ratios(tmp_path):
 
 
 def test_compile_depth_ratios_are_per_scan_setting():
-  from experiments import compile_depth
+  from experiments import compile_depth_report
 
   records = [{"layers": n, "scan_layers": scan, "compile_s": s}
              for n, scan, s in ((6, True, 10.0), (24, True, 12.0), (6, False, 20.0),
                                 (24, False, 140.0))]
-  ratios = [r["compile_vs_shallowest"] for r in compile_depth.with_ratios(records)]
+  ratios = [r["compile_vs_shallowest"] for r in compile_depth_report.with_ratios(records)]
   assert ratios == pytest.approx([1.0, 1.2, 1.0, 7.0])
 
 
