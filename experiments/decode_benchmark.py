@@ -41,6 +41,8 @@ _PEER_BATCH_SIZES = flags.DEFINE_list("peer_batch_sizes", ["32", "1"],
                                       "--peer: the batch sizes to time.")
 _THREADS = flags.DEFINE_integer("threads", None, "--peer: CTranslate2 threads (default: all "
                                 "cores, as XLA's CPU runtime uses).")
+_PROFILE = flags.DEFINE_bool("profile", True, "Profile our greedy and beam search once more "
+                             "each (untimed): where their time goes, in the report.")
 _REPORT = flags.DEFINE_string(
   "report", None, "The markdown report ('' for none); default experiments/results/decode.md, "
   "with --peer benchmark_vs_peer_decode.md.")
@@ -72,7 +74,8 @@ def main(argv: list[str]) -> None:
   try:
     record = decoding.run_benchmark(
       config, batch_sizes, _SRC_LEN.value, _OUT_LEN.value, _BEAM_SIZE.value, _REPEATS.value,
-      _WARMUP.value, _PEER.value, _THREADS.value, log=lambda message: print(message, flush=True))
+      _WARMUP.value, _PEER.value, _THREADS.value, log=lambda message: print(message, flush=True),
+      profile=_PROFILE.value)
   except UserError as e:
     fail(str(e))
   print(decoding.results_table(record), flush=True)

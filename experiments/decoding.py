@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments import measure, report
+from experiments import measure, report, step_cost
 from transformer.data.tokenizer import EOS_ID, PAD_ID
 from transformer.errors import ConfigError
 from transformer.model import ModelConfig
@@ -56,6 +56,19 @@ WMT_VOCAB_SIZE = 37000  # the paper's shared BPE vocabulary, as in configs/wmt.p
 DEFAULT_VOCAB_SIZE = 8192  # what the benchmark uses instead, unless the command line sets it
 PEERS = ("ctranslate2",)
 SEARCHES = ("greedy", "beam")
+# The parts of a decoding program, by the JAX source of its ops (`step_cost.op_profile`): the
+# model's modules by their scopes; the search's own ops are the loop body's other ops.
+DECODE_CATEGORIES = (
+  ("encoder (once per batch)", ("Transformer.encode",)),
+  ("output projection (tied embedding)", ("embed.attend", "/logits/")),
+  ("decoder self-attention over the cache", ("self_attention",)),
+  ("decoder cross-attention", ("cross_attention",)),
+  ("feed-forward", ("feed_forward",)),
+  ("layer norm", ("/norm/", "final_norm")),
+  ("other model ops (embedding, residual adds)", ("Transformer.",)),
+  ("search: log-softmax, top-k, hypotheses, cache reorder", ("while/body",)),
+  ("outside the loop: setup and results", ("",)),
+)
 
 
 def suppress_end(logits: Array, step: Array, out_len: int) -> Array:
@@ -166,11 +179,14 @@ def run_benchmark(
   peer: str | None = None,
   threads: int | None = None,
   log: Callable[[str], None] = lambda message: None,
+  profile: bool = False,
 ) -> dict[str, Any]:
   """Compiles and times the decoders (module docstring) at each batch size: the JSON record.
 
   `config` is used as given (the command line's defaults are applied by `main`); CTranslate2
-  runs on `threads` threads (default: all cores, as XLA's CPU runtime uses). Raises
+  runs on `threads` threads (default: all cores, as XLA's CPU runtime uses). With `profile`,
+  our greedy and beam search then run once more each under the JAX profiler, untimed:
+  `profiles` holds their `step_cost.op_profile` per output token (`DECODE_CATEGORIES`). Raises
   ConfigError for a config or shape the benchmark cannot run.
   """
   from transformer import export
@@ -192,6 +208,7 @@ def run_benchmark(
     "time_stat": "best", "params": count_params(params), "d_model": mc.d_model,
     "layers": mc.num_layers, "heads": mc.num_heads, "d_ff": mc.d_ff, "vocab": mc.vocab_size,
     "dtype": str(mc.compute_dtype), "hardware": report.hardware(), "results": [], "checks": [],
+    "profiles": [],
   }
   host_rng = np.random.default_rng(seed)
   with contextlib.ExitStack() as stack:
@@ -217,7 +234,52 @@ def run_benchmark(
                                      out_len, warmup, log)
       record["results"] += results
       record["checks"].append(check)
+      if profile:
+        record["profiles"] += profile_decoders(params, mc, batches[0], beam_size, alpha, out_len)
   return record
+
+
+def profile_decoders(params: Any, mc: ModelConfig, batch: np.ndarray, beam_size: int,
+                     alpha: float, out_len: int) -> list[dict[str, Any]]:
+  """Our greedy and beam search on `batch`, each run once under the JAX profiler after a
+  compiling run: where each one's time goes per output token (`step_cost.op_profile` with
+  `DECODE_CATEGORIES`, op seconds summed over threads)."""
+  import tempfile
+
+  profiles = []
+  for search in SEARCHES:
+    fn = functools.partial(cached_decode, mc=mc, beam_size=beam_size if search == "beam" else 1,
+                           alpha=alpha, out_len=out_len)
+    compiled = jax.jit(fn).lower(params, jnp.asarray(batch)).compile()
+    jax.block_until_ready(compiled(params, jnp.asarray(batch)))
+    with tempfile.TemporaryDirectory(prefix="decode-profile-") as trace_dir:
+      with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
+        jax.block_until_ready(compiled(params, jnp.asarray(batch)))
+      op_seconds = measure.trace_op_seconds(trace_dir)
+    profiles.append({"batch_size": len(batch), "search": search,
+                     **step_cost.op_profile(op_seconds, compiled.as_text(), out_len, top=6,
+                                            categories=DECODE_CATEGORIES)})
+  return profiles
+
+
+def profile_tables(record: dict[str, Any]) -> list[str]:
+  """Markdown: per batch size and search, the op time per output token by part and the
+  costliest ops (empty without profiles)."""
+  out = []
+  for p in record.get("profiles", []):
+    beams = f" {record['beam_size']}" if p["search"] == "beam" else ""
+    out.append(f"### Where our {p['search']}{beams} time goes: batch {p['batch_size']}\n")
+    out.append(f"Op time per output token {1e3 * p['op_seconds_per_step']:.2f} ms (summed over "
+               "threads, one profiled run).\n")
+    out.append(report.markdown_table(
+      ["part", "ms per token", "share"],
+      [[c["category"], f"{1e3 * c['seconds']:.3f}", f"{c['share']:.1%}"]
+       for c in p["categories"]]))
+    out.append(report.markdown_table(
+      ["costliest ops", "shape", "ms per token", "share", "source"],
+      [[f"`{o['op']}`", f"`{o['shape']}`", f"{1e3 * o['seconds']:.3f}", f"{o['share']:.1%}",
+        f"`{o['source'][-80:]}`"] for o in p["top_ops"]], align="llrrl"))
+  return out
 
 
 def time_decoders(params: Any, mc: ModelConfig, batches: list[np.ndarray],
@@ -346,7 +408,8 @@ def write_report(path: str, record: dict[str, Any], command: str) -> str:
             f"{c['exact_length']}" + (f"; ours and uncached greedy gave the same tokens: "
                                       f"{c['same_tokens']}" if "same_tokens" in c else "")
             for c in r["checks"]]
-  body = ["## Results\n", results_table(r), "\n" + ".\n".join(checks) + ".\n"]
+  body = ["## Results\n", results_table(r), "\n" + ".\n".join(checks) + ".\n",
+          *profile_tables(r)]
   title = ("Decoding speed against CTranslate2, same weights" if r["peer"] else
            "Decoding speed: KV-cached against uncached decoding")
   return report.write_markdown(path, title, intro, command, body, machine_note=isa_note(r))

@@ -123,13 +123,16 @@ OP_CATEGORIES = (
 )
 
 
-def op_category(op_name: str) -> str:
-  """The OP_CATEGORIES entry of an HLO instruction's JAX source."""
-  return next(name for name, words in OP_CATEGORIES if any(w in op_name for w in words))
+def op_category(op_name: str, categories: Sequence[tuple[str, tuple[str, ...]]] = OP_CATEGORIES
+                ) -> str:
+  """The first of `categories` (name, words) with a word in an HLO instruction's JAX source;
+  the last one's words should catch everything ('')."""
+  return next(name for name, words in categories if any(w in op_name for w in words))
 
 
-def op_profile(op_seconds: dict[str, float], hlo_text: str, steps: int,
-               top: int = 8) -> dict[str, Any]:
+def op_profile(op_seconds: dict[str, float], hlo_text: str, steps: int, top: int = 8,
+               categories: Sequence[tuple[str, tuple[str, ...]]] = OP_CATEGORIES
+               ) -> dict[str, Any]:
   """Where the compiled step's time goes, from a profiler trace (`measure.trace_op_seconds`).
 
   Keeps the events named after an instruction of the compiled module (`hlo_text`), except
@@ -137,7 +140,7 @@ def op_profile(op_seconds: dict[str, float], hlo_text: str, steps: int,
   the threads that ran the op; shares are of their total (which exceeds the step's wall time
   when both cores work). Returns {'op_seconds_per_step', 'top_ops': the `top` costliest
   instructions with their share, shape, source and category, 'categories': every category's
-  seconds and share, costliest first}.
+  seconds and share, costliest first}. `categories` sorts the ops (`op_category`).
   """
   instructions = measure.hlo_instructions(hlo_text)
   ops = {name: secs / steps for name, secs in op_seconds.items()
@@ -146,12 +149,12 @@ def op_profile(op_seconds: dict[str, float], hlo_text: str, steps: int,
   total = sum(ops.values()) or 1.0
   by_category: dict[str, float] = {}
   for name, secs in ops.items():
-    category = op_category(instructions[name]["op_name"])
+    category = op_category(instructions[name]["op_name"], categories)
     by_category[category] = by_category.get(category, 0.0) + secs
   top_ops = [{"op": name, "seconds": secs, "share": secs / total,
               "shape": re.sub(r"\{[^}]*\}", "", instructions[name]["shape"]),  # no layouts
               "source": instructions[name]["op_name"],
-              "category": op_category(instructions[name]["op_name"])}
+              "category": op_category(instructions[name]["op_name"], categories)}
              for name, secs in sorted(ops.items(), key=lambda kv: -kv[1])[:top]]
   return {
     "op_seconds_per_step": sum(ops.values()), "steps": steps, "top_ops": top_ops,

@@ -64,6 +64,18 @@ def test_benchmark_main_tiny(tmp_path):
   text = path.read_text()
   assert f"| {B} | greedy |" in text and f"{ratio:.2f}x" in text and "same tokens: True" in text
 
+  # The profiles (on by default): both searches, every op sorted into a part of the program.
+  assert [(p["batch_size"], p["search"]) for p in r["profiles"]] == [(B, "greedy"), (B, "beam")]
+  for p in r["profiles"]:
+    parts = {c["category"]: c["share"] for c in p["categories"]}
+    assert sum(parts.values()) == pytest.approx(1.0) and p["steps"] == T
+    for part in ("encoder (once per batch)", "feed-forward", "decoder cross-attention",
+                 "decoder self-attention over the cache"):
+      assert parts.get(part, 0) > 0, (p["search"], part)
+  beam_parts = {c["category"] for c in r["profiles"][1]["categories"]}
+  assert "search: log-softmax, top-k, hypotheses, cache reorder" in beam_parts
+  assert f"### Where our beam {K} time goes: batch {B}" in text
+
 
 @pytest.mark.parametrize(
   "kwargs, field",
