@@ -57,17 +57,21 @@ DEFAULT_VOCAB_SIZE = 8192  # what the benchmark uses instead, unless the command
 PEERS = ("ctranslate2",)
 SEARCHES = ("greedy", "beam")
 # The parts of a decoding program, by the JAX source of its ops (`step_cost.op_profile`): the
-# model's modules by their scopes; the search's own ops are the loop body's other ops.
+# model's modules by their scopes (the output projection by the einsum of `Transformer.
+# decode_logits` over the pre-transposed embedding); the search's own ops are the loop body's
+# other ops. XLA leaves some ops without a source: copies it adds, and products it rewrites
+# (at batch 1, most matrix-vector products).
 DECODE_CATEGORIES = (
   ("encoder (once per batch)", ("Transformer.encode",)),
-  ("output projection (tied embedding)", ("embed.attend", "/logits/")),
+  ("output projection (tied embedding)", ("btd,dv->btv", "embed.attend", "/logits/")),
   ("decoder self-attention over the cache", ("self_attention",)),
   ("decoder cross-attention", ("cross_attention",)),
   ("feed-forward", ("feed_forward",)),
   ("layer norm", ("/norm/", "final_norm")),
   ("other model ops (embedding, residual adds)", ("Transformer.",)),
   ("search: log-softmax, top-k, hypotheses, cache reorder", ("while/body",)),
-  ("outside the loop: setup and results", ("",)),
+  ("setup and results outside the loop", ("jit(",)),
+  ("ops without a source (XLA's copies, rewritten products)", ("",)),
 )
 
 
