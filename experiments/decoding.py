@@ -282,8 +282,14 @@ def profile_tables(record: dict[str, Any]) -> list[str]:
     out.append(report.markdown_table(
       ["costliest ops", "shape", "ms per token", "share", "source"],
       [[f"`{o['op']}`", f"`{o['shape']}`", f"{1e3 * o['seconds']:.3f}", f"{o['share']:.1%}",
-        f"`{o['source'][-80:]}`"] for o in p["top_ops"]], align="llrrl"))
+        f"`{short_source(o['source'])}`"] for o in p["top_ops"]], align="llrrl"))
   return out
+
+
+def short_source(op_name: str, width: int = 80) -> str:
+  """An op's JAX source without the program, loop and model prefixes, at most `width` long."""
+  name = op_name.split("/while/body/")[-1].replace("Transformer.decode_logits/", "")
+  return name if len(name) <= width else "..." + name[-(width - 3):]
 
 
 def time_decoders(params: Any, mc: ModelConfig, batches: list[np.ndarray],
