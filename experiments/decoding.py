@@ -234,28 +234,24 @@ def run_benchmark(
     for b in batch_sizes:
       batches = [random_sources(host_rng, b, src_len, mc.vocab_size)
                  for _ in range(warmup + repeats)]
-      results, check = time_decoders(params, mc, batches, translators, vocab, beam_size, alpha,
-                                     out_len, warmup, log)
+      results, check, ours = time_decoders(params, mc, batches, translators, vocab, beam_size,
+                                           alpha, out_len, warmup, log)
       record["results"] += results
       record["checks"].append(check)
       if profile:
-        record["profiles"] += profile_decoders(params, mc, batches[0], beam_size, alpha, out_len)
+        record["profiles"] += profile_decoders(params, ours, batches[0], out_len)
   return record
 
 
-def profile_decoders(params: Any, mc: ModelConfig, batch: np.ndarray, beam_size: int,
-                     alpha: float, out_len: int) -> list[dict[str, Any]]:
-  """Our greedy and beam search on `batch`, each run once under the JAX profiler after a
-  compiling run: where each one's time goes per output token (`step_cost.op_profile` with
-  `DECODE_CATEGORIES`, op seconds summed over threads)."""
+def profile_decoders(params: Any, programs: dict[str, Any], batch: np.ndarray,
+                     out_len: int) -> list[dict[str, Any]]:
+  """Our compiled searches (`time_decoders`' {search: program}, already run) on `batch`, each
+  once more under the JAX profiler: where each one's time goes per output token
+  (`step_cost.op_profile` with `DECODE_CATEGORIES`, op seconds summed over threads)."""
   import tempfile
 
   profiles = []
-  for search in SEARCHES:
-    fn = functools.partial(cached_decode, mc=mc, beam_size=beam_size if search == "beam" else 1,
-                           alpha=alpha, out_len=out_len)
-    compiled = jax.jit(fn).lower(params, jnp.asarray(batch)).compile()
-    jax.block_until_ready(compiled(params, jnp.asarray(batch)))
+  for search, compiled in programs.items():
     with tempfile.TemporaryDirectory(prefix="decode-profile-") as trace_dir:
       with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
         jax.block_until_ready(compiled(params, jnp.asarray(batch)))
@@ -295,11 +291,12 @@ def short_source(op_name: str, width: int = 80) -> str:
 def time_decoders(params: Any, mc: ModelConfig, batches: list[np.ndarray],
                   translators: dict[str, Any], vocab: list[str], beam_size: int, alpha: float,
                   out_len: int, warmup: int, log: Callable[[str], None]
-                  ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+                  ) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
   """Every decoder on `batches` (one per round, the first `warmup` untimed): a result row per
-  (decoder, search) and the batch size's checks (exact lengths, ours = uncached greedy)."""
+  (decoder, search), the batch size's checks (exact lengths, ours = uncached greedy) and our
+  compiled programs by search."""
   b = len(batches[0])
-  decoders, compile_s = {}, {}
+  decoders, compile_s, ours = {}, {}, {}
   for search in SEARCHES:
     k = beam_size if search == "beam" else 1
     fns = {("ours", search): functools.partial(cached_decode, mc=mc, beam_size=k, alpha=alpha,
@@ -311,6 +308,8 @@ def time_decoders(params: Any, mc: ModelConfig, batches: list[np.ndarray],
       compiled, lower_s, xla_s = measure.compile_timed(
         lambda fn=fn: jax.jit(fn).lower(params, jnp.asarray(batches[0])))
       compile_s[name] = lower_s + xla_s
+      if name[0] == "ours":
+        ours[search] = compiled
       decoders[name] = lambda i, c=compiled: np.asarray(c(params, jnp.asarray(batches[i])))
       log(f"batch {b} {name[0]} {search}: compiled in {compile_s[name]:.1f} s")
     for impl, translator in translators.items():
@@ -336,7 +335,7 @@ def time_decoders(params: Any, mc: ModelConfig, batches: list[np.ndarray],
     check.update(same_tokens=bool(np.array_equal(greedy, naive)),
                  token_agreement=float(np.mean(greedy == naive)),
                  greedy_tokens_first_row=greedy[0, 0].tolist())
-  return results, check
+  return results, check, ours
 
 
 def apply_defaults(config: Any, overridden: Callable[[str], bool]) -> list[str]:
