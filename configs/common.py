@@ -74,7 +74,19 @@ def base_config() -> config_dict.ConfigDict:
   config.decode.beam_size = 4
   config.decode.alpha = 0.6
   config.decode.max_extra_len = 50  # maximum output length = input length + this
-  config.decode.batch_size = 64  # global, sentences per decoding batch
+  config.decode.batch_size = 64  # global, at most this many sentences per decoding batch
+  # ... and at most this many padded source tokens per batch (global, over the mesh).
+  config.decode.tokens_per_batch = 4096
+  # beam (the paper's search) | greedy | sample (ancestral sampling, e.g. for back-translation)
+  config.decode.method = "beam"
+  # Sampling only: logits / temperature, then the top_k most likely tokens (0: all), then the
+  # smallest set whose probability reaches top_p (1.0: all); seed fixes the draws.
+  config.decode.temperature = 1.0
+  config.decode.top_k = 0
+  config.decode.top_p = 1.0
+  config.decode.seed = 0
+  # Corpus translation reads and translates this many input lines at a time.
+  config.decode.chunk_size = 10000
   config.num_samples_to_print = 5
 
   # What to do with a non-finite loss or gradient: 'skip' the update, or 'stop'.
