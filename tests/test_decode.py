@@ -82,7 +82,7 @@ def _greedy(table, sentence_ids, max_lengths, *, max_len, make_model):
     batch_size=sentence_ids.shape[0],
     max_lengths=max_lengths,
     max_len=max_len,
-  )
+  )[0]
 
 
 @functools.partial(jax.jit, static_argnames=("max_len", "beam_size", "alpha", "make_model"))
@@ -95,7 +95,7 @@ def _beam(table, sentence_ids, max_lengths, *, max_len, beam_size, alpha, make_m
     alpha=alpha,
     max_lengths=max_lengths,
     max_len=max_len,
-  )
+  )[:2]
 
 
 def run_greedy(table, sentence_ids, max_lengths, max_len, make_model=toy_model):
@@ -362,7 +362,7 @@ def test_in_place_beam_caches_equal_reordered_caches(scan_layers, batch):
     step = functools.partial(tokens_to_logits, output_kernel=output_kernel)
     return decode.beam_search(step, cache, batch_size=batch, beam_size=k,
                               alpha=0.6, max_lengths=jnp.full((batch,), max_len),
-                              max_len=max_len, eos_id=EOS, reorder=reorder)
+                              max_len=max_len, eos_id=EOS, reorder=reorder)[:2]
 
   old = translate.init_cache(cfg, batch, src_len, max_len)
   new = translate.init_cache(cfg, batch, src_len, max_len, k)
@@ -376,3 +376,108 @@ def test_in_place_beam_caches_equal_reordered_caches(scan_layers, batch):
     lambda c: search(c, translate.beam_reorder_mask(new), kernel))(new)
   np.testing.assert_array_equal(seqs_new, seqs_old)
   np.testing.assert_allclose(scores_new, scores_old, rtol=1e-5)
+
+
+# Log probabilities of the hypotheses, and sampling.
+
+
+def test_beam_log_probs_are_the_hypotheses_float64_log_probabilities():
+  table = make_table(seed=5)
+  args = (jnp.asarray(table, jnp.float32), jnp.asarray([0, 1, 2]), jnp.asarray([4, 3, 2]))
+  search = jax.jit(lambda t, s, m: decode.beam_search(
+    toy_model(t), init_cache(s, 4), batch_size=3, beam_size=128, alpha=0.6, max_lengths=m,
+    max_len=4))
+  seqs, scores, log_probs = map(np.asarray, search(*args))
+  reference = log_softmax64(table)
+  for b in range(3):
+    for k in range(128):
+      if scores[b, k] == -np.inf:
+        assert log_probs[b, k] == -np.inf
+        continue
+      tokens = seqs[b, k, : seqs[b, k].tolist().index(EOS) + 1].tolist()
+      want = sequence_log_prob(reference, b, tokens)
+      assert log_probs[b, k] == pytest.approx(want, rel=1e-5, abs=1e-5)
+      lp = ((5.0 + len(tokens)) / 6.0) ** 0.6
+      assert scores[b, k] == pytest.approx(want / lp, rel=1e-5, abs=1e-5)
+
+
+def _sample(table, sentence_ids, max_lengths, max_len, keys, **filters):
+  return jax.jit(lambda t, s, m, k: decode.sample_decode(
+    toy_model(t), init_cache(s, max_len), rngs=k, batch_size=len(sentence_ids),
+    max_lengths=m, max_len=max_len, **filters))(
+      jnp.asarray(table, jnp.float32), jnp.asarray(sentence_ids), jnp.asarray(max_lengths), keys)
+
+
+def test_greedy_log_probs_and_top_k_1_sampling_equal_greedy():
+  table = make_table(seed=3)
+  ids, lengths = [0, 1, 2, 0], [4, 4, 3, 2]
+  greedy, greedy_lp = jax.jit(lambda t, s, m: decode.greedy_decode(
+    toy_model(t), init_cache(s, 4), batch_size=4, max_lengths=m, max_len=4))(
+      jnp.asarray(table, jnp.float32), jnp.asarray(ids), jnp.asarray(lengths))
+  keys = jax.random.split(jax.random.key(0), 4)
+  sampled, sampled_lp = _sample(table, ids, lengths, 4, keys, top_k=1, temperature=0.7)
+  np.testing.assert_array_equal(np.asarray(sampled), np.asarray(greedy))
+  reference = log_softmax64(table)
+  for b, s in enumerate(ids):
+    tokens = greedy_reference(table, s, lengths[b])
+    assert np.asarray(greedy)[b].tolist() == padded(tokens, 4)
+    want = sequence_log_prob(reference, s, tokens)
+    assert float(greedy_lp[b]) == pytest.approx(want, rel=1e-5, abs=1e-5)
+    assert float(sampled_lp[b]) == pytest.approx(want, rel=1e-5, abs=1e-5)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.5])
+def test_first_token_frequencies_match_the_softmax(temperature):
+  # n draws of the first token; every frequency within 6 standard deviations of its
+  # probability: a bound a correct sampler exceeds with probability below 1e-8.
+  table = make_table(seed=7, num_sentences=1)
+  n = 20000
+  keys = jax.random.split(jax.random.key(1), n)
+  seqs, _ = _sample(table, [0] * n, [4] * n, 4, keys, temperature=temperature)
+  first = np.asarray(seqs)[:, 0]
+  logits = table[0, 0, 0, 0] / temperature
+  probs = np.exp(logits - logits.max())
+  probs /= probs.sum()
+  freq = np.bincount(first, minlength=VOCAB) / n
+  sigma = np.sqrt(probs * (1 - probs) / n)
+  assert np.all(np.abs(freq - probs) <= 6 * sigma + 1e-12), (freq, probs)
+
+
+@pytest.mark.parametrize("top_k,top_p", [(2, 1.0), (0, 0.5), (3, 0.6)])
+def test_top_k_and_top_p_never_leave_their_set(top_k, top_p):
+  vocab = 12
+  table = make_table(seed=11, num_sentences=1, max_len=5, vocab=vocab)
+  n = 3000
+  keys = jax.random.split(jax.random.key(2), n)
+  seqs = np.asarray(_sample(table, [0] * n, [5] * n, 5, keys, top_k=top_k, top_p=top_p)[0])
+  reference = log_softmax64(table)
+  for row in seqs[:500]:
+    prev2, prev = 0, 0
+    for t, token in enumerate(row.tolist()):
+      if t == 4 or token == 0:
+        break  # EOS forced at the length limit, or finished
+      probs = np.exp(reference[0, t, prev2, prev])
+      order = np.argsort(-probs, kind="stable")
+      allowed = order[: top_k or vocab]
+      kept = probs[allowed] / probs[allowed].sum()
+      before = np.cumsum(kept) - kept
+      allowed = allowed[before < top_p]
+      assert token in allowed, (t, token, allowed)
+      if token == EOS:
+        break
+      prev2, prev = prev, token
+  # The restriction is not vacuous: the first tokens drawn cover the allowed set.
+  probs = np.exp(reference[0, 0, 0, 0])
+  order = np.argsort(-probs, kind="stable")[: top_k or vocab]
+  kept = probs[order] / probs[order].sum()
+  allowed = set(order[(np.cumsum(kept) - kept) < top_p].tolist())
+  assert set(seqs[:, 0].tolist()) == allowed
+
+
+def test_a_rows_sample_depends_on_its_key_only():
+  table = make_table(seed=4)
+  keys = jax.random.split(jax.random.key(3), 3)
+  together, _ = _sample(table, [0, 1, 2], [4, 4, 4], 4, keys)
+  for b in range(3):
+    alone, _ = _sample(table, [b], [4], 4, keys[b:b + 1])
+    np.testing.assert_array_equal(np.asarray(alone)[0], np.asarray(together)[b])

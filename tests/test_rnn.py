@@ -213,7 +213,7 @@ def test_greedy_decode_matches_stepwise_argmax_of_full_forward(name):
       batch_size=B,
       max_lengths=jnp.asarray(max_lengths),
       max_len=T,
-    )
+    )[0]
 
   got = np.asarray(greedy(params, src))
   want = _reference_greedy(_fns(cfg)["apply"], {"params": params}, src, max_lengths, T)

@@ -1,5 +1,8 @@
-"""BLEU with sacrebleu: the reportable detokenized score and the paper-comparable one.
+"""BLEU, chrF and TER with sacrebleu: the reportable detokenized scores and the
+paper-comparable BLEU.
 
+- `corpus_scores`: BLEU, chrF (Popovic 2015) and TER (Snover et al. 2006), each with its
+  sacrebleu signature: what validation and test report.
 - `corpus_bleu`: sacrebleu's standard BLEU on detokenized text (13a tokenization, mixed case,
   exponential smoothing), with its signature string. This is the number to report.
 - `tokenized_bleu`: the "tokenized BLEU with compound splitting" behind the BLEU numbers of
@@ -11,7 +14,7 @@
 import dataclasses
 import re
 
-from sacrebleu.metrics import BLEU
+from sacrebleu.metrics import BLEU, CHRF, TER
 from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
 
 # A hyphen between two non-space characters, as in t2t's `s{(\S)-(\S)}{$1 ##AT##-##AT## $2}g`.
@@ -22,11 +25,12 @@ _TOKENIZE_13A = Tokenizer13a()
 
 
 @dataclasses.dataclass(frozen=True)
-class BleuResult:
-  """A corpus BLEU score.
+class CorpusScore:
+  """A corpus-level score of one metric.
 
   Attributes:
-    score: BLEU in [0, 100].
+    score: BLEU or chrF in [0, 100] (higher is better), or TER (edits per reference word, in
+      percent; lower is better, may exceed 100).
     signature: sacrebleu's signature of the settings (plus the preprocessing, if any).
     text: sacrebleu's one-line summary (n-gram precisions, brevity penalty, lengths).
   """
@@ -41,7 +45,7 @@ def _check(hypotheses: list[str], references: list[str]) -> None:
     raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
 
 
-def corpus_bleu(hypotheses: list[str], references: list[str]) -> BleuResult:
+def corpus_bleu(hypotheses: list[str], references: list[str]) -> CorpusScore:
   """Detokenized corpus BLEU (sacrebleu defaults: 13a tokenizer, mixed case), one reference.
 
   Args:
@@ -51,7 +55,7 @@ def corpus_bleu(hypotheses: list[str], references: list[str]) -> BleuResult:
   _check(hypotheses, references)
   metric = BLEU()
   result = metric.corpus_score(hypotheses, [references])
-  return BleuResult(result.score, str(metric.get_signature()), str(result))
+  return CorpusScore(result.score, str(metric.get_signature()), str(result))
 
 
 def split_compounds(text: str) -> str:
@@ -74,7 +78,7 @@ def tokenize_for_bleu(text: str) -> str:
   return split_compounds(_TOKENIZE_13A(text.strip()))
 
 
-def tokenized_bleu(hypotheses: list[str], references: list[str]) -> BleuResult:
+def tokenized_bleu(hypotheses: list[str], references: list[str]) -> CorpusScore:
   """Tokenized, compound-split BLEU, comparable to the BLEU of the paper (and of t2t/GNMT).
 
   Reproduces tensor2tensor's `get_ende_bleu.sh`: both sides are tokenized
@@ -92,4 +96,18 @@ def tokenized_bleu(hypotheses: list[str], references: list[str]) -> BleuResult:
     [tokenize_for_bleu(h) for h in hypotheses], [[tokenize_for_bleu(r) for r in references]]
   )
   signature = f"{metric.get_signature()}|pre:13a+compound-split"
-  return BleuResult(result.score, signature, str(result))
+  return CorpusScore(result.score, signature, str(result))
+
+
+# The metrics `corpus_scores` computes, by the name they get in metrics.jsonl (`eval/chrf`).
+METRICS = ("bleu", "chrf", "ter")
+
+
+def corpus_scores(hypotheses: list[str], references: list[str]) -> dict[str, CorpusScore]:
+  """sacrebleu's BLEU, chrF and TER (default settings, one reference) by name (`METRICS`)."""
+  _check(hypotheses, references)
+  out = {}
+  for name, metric in (("bleu", BLEU()), ("chrf", CHRF()), ("ter", TER())):
+    result = metric.corpus_score(hypotheses, [references])
+    out[name] = CorpusScore(result.score, str(metric.get_signature()), str(result))
+  return out

@@ -119,7 +119,7 @@ def greedy_decode(
   max_lengths: jax.Array,
   max_len: int,
   eos_id: int = 1,
-) -> jax.Array:
+) -> tuple[jax.Array, jax.Array]:
   """Greedy (argmax) decoding with an incremental cache.
 
   Args:
@@ -132,35 +132,115 @@ def greedy_decode(
     eos_id: the EOS token id.
 
   Returns:
-    int32[B, max_len]: each row ends with EOS (at index <= max_lengths[b] - 1) and is 0 after
-    it. The loop stops as soon as every row has produced its EOS.
+    sequences: int32[B, max_len]; each row ends with EOS (at index <= max_lengths[b] - 1) and
+      is 0 after it. The loop stops as soon as every row has produced its EOS.
+    log_probs: float32[B], the sum of the chosen tokens' log probabilities (EOS included).
   """
+  return _decode_loop(tokens_to_logits, cache, lambda logits, step: jnp.argmax(logits, -1),
+                      batch_size=batch_size, max_lengths=max_lengths, max_len=max_len,
+                      eos_id=eos_id)
+
+
+def _decode_loop(tokens_to_logits: TokensToLogits, cache: PyTree,
+                 choose: Callable[[jax.Array, jax.Array], jax.Array], *, batch_size: int,
+                 max_lengths: jax.Array, max_len: int,
+                 eos_id: int) -> tuple[jax.Array, jax.Array]:
+  """One token per row and step, `choose(logits [B, V], step) -> int [B]`, EOS forced at the
+  row's length limit; returns the sequences [B, max_len] and their log probabilities [B]."""
   max_lengths = _effective_max_lengths(max_lengths, batch_size, max_len)
 
   def cond(state):
-    step, _, _, finished, _ = state
+    step, _, _, finished, _, _ = state
     return (step < max_len) & ~jnp.all(finished)
 
   def body(state):
-    step, seqs, last, finished, cache = state
+    step, seqs, last, finished, total, cache = state
     logits, cache = tokens_to_logits(last[:, None], cache)
-    token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    logits = logits.astype(jnp.float32)
+    token = choose(logits, step).astype(jnp.int32)
     token = jnp.where(step + 1 >= max_lengths, eos_id, token)
     # Rows already finished emit padding; their model outputs are ignored.
     token = jnp.where(finished, 0, token)
+    log_probs = jax.nn.log_softmax(logits, axis=-1)
+    chosen = jnp.take_along_axis(log_probs, token[:, None], axis=-1)[:, 0]
+    total = total + jnp.where(finished, 0.0, chosen)
     seqs = jax.lax.dynamic_update_slice(seqs, token[:, None], (0, step))
     finished = finished | (token == eos_id)
-    return step + 1, seqs, token, finished, cache
+    return step + 1, seqs, token, finished, total, cache
 
   state = (
     jnp.array(0, jnp.int32),
     jnp.zeros((batch_size, max_len), jnp.int32),
     jnp.zeros((batch_size,), jnp.int32),
     jnp.zeros((batch_size,), bool),
+    jnp.zeros((batch_size,), jnp.float32),
     cache,
   )
-  _, seqs, _, _, _ = jax.lax.while_loop(cond, body, state)
-  return seqs
+  _, seqs, _, _, total, _ = jax.lax.while_loop(cond, body, state)
+  return seqs, total
+
+
+def filter_logits(logits: jax.Array, *, temperature: float = 1.0, top_k: int = 0,
+                  top_p: float = 1.0) -> tuple[jax.Array, jax.Array | None]:
+  """The distribution sampling draws from: logits [B, V] / temperature, restricted to the
+  `top_k` most likely tokens (0: all), then to the smallest set of them whose probability
+  reaches `top_p` (1.0: all; "nucleus sampling", Holtzman et al. 2020).
+
+  Returns (logits', ids): with a restriction, logits' [B, k] are the kept tokens' logits in
+  descending order (-inf where top_p cut them) and ids int32 [B, k] their token ids; without
+  one, logits' [B, V] and None. The most likely token is always kept.
+  """
+  logits = logits.astype(jnp.float32) / temperature
+  vocab = logits.shape[-1]
+  if top_k in (0, vocab) and top_p >= 1.0:
+    return logits, None
+  values, ids = jax.lax.top_k(logits, top_k if 0 < top_k < vocab else vocab)
+  if top_p < 1.0:
+    probs = jax.nn.softmax(values, axis=-1)
+    before = jnp.cumsum(probs, axis=-1) - probs  # probability of the more likely tokens
+    values = jnp.where(before < top_p, values, NEG_INF)
+  return values, ids.astype(jnp.int32)
+
+
+def sample_decode(
+  tokens_to_logits: TokensToLogits,
+  cache: PyTree,
+  *,
+  rngs: jax.Array,
+  batch_size: int,
+  max_lengths: jax.Array,
+  max_len: int,
+  temperature: float = 1.0,
+  top_k: int = 0,
+  top_p: float = 1.0,
+  eos_id: int = 1,
+) -> tuple[jax.Array, jax.Array]:
+  """Ancestral sampling with an incremental cache: each token is drawn from the model's
+  distribution given the tokens before it (`filter_logits` shapes that distribution).
+
+  Args:
+    tokens_to_logits: ids int32[B, 1], cache -> (logits float32[B, V], new cache).
+    cache: the decoder cache for batch size B.
+    rngs: a key per row, [B]; row b's draw at step t uses fold_in(rngs[b], t), so a row's
+      output depends on its key alone, not on the batch it is in.
+    batch_size, max_lengths, max_len, eos_id: as for `greedy_decode`.
+    temperature, top_k, top_p: see `filter_logits` (static).
+
+  Returns:
+    sequences int32[B, max_len] as `greedy_decode`'s, and log_probs float32[B]: the sum of the
+    drawn tokens' log probabilities under the model (temperature 1, unrestricted).
+  """
+
+  def choose(logits, step):
+    keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(rngs, step)
+    values, ids = filter_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p)
+    drawn = jax.vmap(jax.random.categorical)(keys, values)
+    if ids is None:
+      return drawn
+    return jnp.take_along_axis(ids, drawn[:, None], axis=-1)[:, 0]
+
+  return _decode_loop(tokens_to_logits, cache, choose, batch_size=batch_size,
+                      max_lengths=max_lengths, max_len=max_len, eos_id=eos_id)
 
 
 def beam_search(
@@ -174,7 +254,7 @@ def beam_search(
   max_len: int,
   eos_id: int = 1,
   reorder: PyTree | None = None,
-) -> tuple[jax.Array, jax.Array]:
+) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Beam search with the GNMT length penalty and an incremental cache.
 
   Per sentence the search holds up to K = `beam_size` live hypotheses (ranked by log
@@ -215,6 +295,8 @@ def beam_search(
     scores: float32[B, K], log_prob / lp(length), descending. A sentence that finished no
       hypothesis falls back to its live ones (scored log_prob / lp(steps run)). Slots with no
       hypothesis (fewer than K exist) have score -inf and an all-zero sequence.
+    log_probs: float32[B, K], each hypothesis's log_prob: the sum of its tokens' log
+      probabilities, EOS included (-inf for empty slots).
   """
   if alpha < 0:
     raise ValueError(f"alpha must be >= 0 for the early-stopping bound, got {alpha}")
@@ -249,6 +331,9 @@ def beam_search(
     all_seqs = jnp.concatenate([state["fin_seqs"], seqs], axis=1)
     fin_scores, fin_idx = jax.lax.top_k(all_scores, k)
     fin_seqs = jnp.take_along_axis(all_seqs, fin_idx[:, :, None], axis=1)
+    all_log_probs = jnp.concatenate(
+      [state["fin_log_probs"], jnp.where(is_eos, top_log_probs, NEG_INF)], axis=1)
+    fin_log_probs = jnp.take_along_axis(all_log_probs, fin_idx, axis=1)
 
     # Live: the non-EOS members of the beam; EOS slots become empty (-inf).
     live_log_probs = jnp.where(is_eos, NEG_INF, top_log_probs)
@@ -263,6 +348,7 @@ def beam_search(
       "live_last": jnp.where(keep, state["live_last"], token),
       "fin_seqs": jnp.where(keep[:, :, None], state["fin_seqs"], fin_seqs),
       "fin_scores": jnp.where(keep, state["fin_scores"], fin_scores),
+      "fin_log_probs": jnp.where(keep, state["fin_log_probs"], fin_log_probs),
       "cache": cache,
     }
     best_live = jnp.max(new_state["live_log_probs"], axis=1) / best_possible_lp
@@ -280,6 +366,7 @@ def beam_search(
     "live_last": jnp.zeros((batch_size, k), jnp.int32),
     "fin_seqs": jnp.zeros((batch_size, k, max_len), jnp.int32),
     "fin_scores": jnp.full((batch_size, k), NEG_INF, jnp.float32),
+    "fin_log_probs": jnp.full((batch_size, k), NEG_INF, jnp.float32),
     "done": jnp.zeros((batch_size,), bool),
     "cache": tile_beams(cache, k),
   }
@@ -289,5 +376,6 @@ def beam_search(
   live_scores = state["live_log_probs"] / length_penalty(state["step"], alpha)
   sequences = jnp.where(any_finished[:, :, None], state["fin_seqs"], state["live_seqs"])
   scores = jnp.where(any_finished, state["fin_scores"], live_scores)
+  log_probs = jnp.where(any_finished, state["fin_log_probs"], state["live_log_probs"])
   sequences = jnp.where((scores > NEG_INF)[:, :, None], sequences, 0)
-  return sequences, scores
+  return sequences, scores, log_probs

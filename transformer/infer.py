@@ -23,10 +23,19 @@ from transformer.checkpoint import Checkpointer, average_params, check_meta, run
 from transformer.data import input_pipeline
 from transformer.data.input_pipeline import vocab_path
 from transformer.data.tokenizer import Tokenizer
-from transformer.errors import CheckpointError
+from transformer.errors import CheckpointError, UserError
 from transformer.train import Trainer
 from transformer.translate import Translator
 from transformer.validate import validate
+
+
+def parse_checkpoint(value: str) -> int | None:
+  """`--checkpoint`: 'latest' -> None, a step number -> that int; anything else: UserError."""
+  if value == "latest":
+    return None
+  if not value.isdigit():
+    raise UserError(f"--checkpoint={value}: must be 'latest' or a step number")
+  return int(value)
 
 
 @dataclasses.dataclass
@@ -48,14 +57,18 @@ class Restored:
   label: str
 
 
-def restore(config: Any, workdir: str, average: int | None = None) -> Restored:
+def restore(config: Any, workdir: str, average: int | None = None,
+            checkpoint: str | None = None) -> Restored:
   """Loads the newest checkpoint of `workdir` (local or gs://), or the mean of the last N.
 
   Args:
-    config: the config the workdir was trained with (model fields must match).
+    config: the config the workdir was trained with (model fields must match; the workdir's
+      own, `workdir_config.load(workdir)`, is the simplest).
     workdir: the training run's workdir.
     average: N > 1 averages the last N checkpoints; None takes
       `config.average_last_checkpoints`; 0 or 1 take the newest checkpoint.
+    checkpoint: 'latest' (or None) for the newest checkpoint, or a step number: that step's
+      checkpoint (no averaging).
 
   Raises:
     CheckpointError: no vocabulary or checkpoint, or one that does not fit the config.
@@ -72,7 +85,14 @@ def restore(config: Any, workdir: str, average: int | None = None) -> Restored:
   checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), None, async_save=False)
   meta = run_meta(config, model_config, tokenizer.sha256)
   n = config.average_last_checkpoints if average is None else average
-  if n > 1:
+  if checkpoint not in (None, "latest"):
+    step = parse_checkpoint(checkpoint)
+    if step not in checkpointer.all_steps():
+      raise CheckpointError(f"--checkpoint={checkpoint}: no such step in "
+                            f"{checkpointer.directory} (steps {checkpointer.all_steps()})")
+    check_meta(meta)(checkpointer.read_meta(step), checkpointer.path / str(step))
+    params, label = checkpointer.restore(step, trainer.abstract_state).params, f"step {step}"
+  elif n > 1:
     steps = checkpointer.all_steps()[-n:]
     for step in steps:
       check_meta(meta)(checkpointer.read_meta(step), checkpointer.path / str(step))

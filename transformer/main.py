@@ -1,9 +1,13 @@
 """Entry point: `python -m transformer.main --config=configs/numbers.py [--workdir=DIR]`.
 
-Modes: `train` (default: train, evaluate, checkpoint, resume), `translate` (stdin or --input
-to stdout, one line per line), `average` (average the last N checkpoints and evaluate them),
-`export` (`--format=ctranslate2 --output=DIR`: the newest checkpoint or the average of the last
-N as a CTranslate2 model, transformer/export.py).
+Modes: `train` (default: train, evaluate, checkpoint, resume), `translate` (--input or stdin
+to --output or stdout: n-best lists, sampling, jsonl; transformer/corpus.py), `score` (the
+log probability of each `source<TAB>target` line), `average` (average the last N checkpoints
+and evaluate them), `export` (`--format=ctranslate2 --output=DIR`: the newest checkpoint or
+the average of the last N as a CTranslate2 model, transformer/export.py).
+Every mode but training works from `--workdir` alone: the run's config, saved there at its
+first start, is the default (transformer/workdir_config.py); `--config.FIELD=VALUE` overrides
+its decoding and evaluation fields.
 A user error (bad config value, missing data, incompatible checkpoint) ends with one line on
 stderr naming the field or path, and exit status 2.
 """
@@ -23,8 +27,10 @@ os.environ.setdefault("EPATH_USE_TF", "false")
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from transformer import host_memory  # noqa: E402
+from transformer import host_memory, workdir_config  # noqa: E402
 from transformer.errors import fail  # noqa: E402
+
+MODES = ["train", "translate", "score", "average", "export"]
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "Config file, e.g. configs/numbers.py or configs/wmt.py:big.",
@@ -34,17 +40,24 @@ _WORKDIR = flags.DEFINE_string(
   "workdir", None, "Directory for checkpoints, vocabulary and metrics "
   "(default: runs/<config name>[-<variant>]).",
 )
-_MODE = flags.DEFINE_enum("mode", "train", ["train", "translate", "average", "export"],
-                          "What to do.")
+_MODE = flags.DEFINE_enum("mode", "train", MODES, "What to do.")
 _INPUT = flags.DEFINE_string("input", None, "translate: read sentences from this file "
-                             "instead of standard input.")
+                             "instead of standard input; score: source<TAB>target lines.")
+_NBEST = flags.DEFINE_integer("nbest", 1, "translate: hypotheses per sentence (beam search: "
+                              "at most decode.beam_size; sampling: samples per sentence).")
+_OUTPUT_FORMAT = flags.DEFINE_string("output_format", "text", "translate: text (one line per "
+                                     "hypothesis) or jsonl (one object per input line).")
+_CHECKPOINT = flags.DEFINE_string("checkpoint", "latest", "translate/score/export: 'latest' "
+                                  "or a step number.")
 _AVERAGE = flags.DEFINE_integer(
   "average", None, "translate/average/export: average the last N checkpoints (default: the "
   "config's average_last_checkpoints; translate and export use the newest checkpoint when it "
   "is 0 or 1).",
 )
 _FORMAT = flags.DEFINE_string("format", None, "export: the output format (ctranslate2).")
-_OUTPUT = flags.DEFINE_string("output", None, "export: a new or empty directory to write to.")
+_OUTPUT = flags.DEFINE_string("output", None, "export: a new or empty directory to write to; "
+                              "translate/score: a new file (resumed if interrupted), not "
+                              "standard output.")
 _QUANTIZATION = flags.DEFINE_string(
   "quantization", None, "export: CTranslate2 weight type, e.g. int8 (default: float32).")
 _COORDINATOR = flags.DEFINE_string("coordinator_address", None,
@@ -65,8 +78,30 @@ def default_workdir(config_arg: str) -> str:
   return os.path.join("runs", f"{name}-{variant}" if variant else name)
 
 
+def _flag_value(argv: list[str], name: str) -> str | None:
+  """The value of `--name=V` or `--name V` in argv (the last one), before absl parses it."""
+  value = None
+  for i, arg in enumerate(argv):
+    if arg.startswith(f"--{name}="):
+      value = arg.split("=", 1)[1]
+    elif arg == f"--{name}" and i + 1 < len(argv):
+      value = argv[i + 1]
+  return value
+
+
+def with_workdir_config(argv: list[str]) -> list[str]:
+  """argv with `--config=<workdir_config.py>:WORKDIR` added when a mode other than training
+  has --workdir and no --config: the workdir's saved config is the default."""
+  mode = _flag_value(argv, "mode") or "train"
+  workdir = _flag_value(argv, "workdir")
+  if mode == "train" or workdir is None or _flag_value(argv, "config") is not None:
+    return argv
+  return [argv[0], f"--config={workdir_config.__file__}:{workdir}", *argv[1:]]
+
+
 def parse_flags(argv: list[str]) -> list[str]:
   """absl's parsing, but a bad flag or config file is one line and exit status 2."""
+  argv = with_workdir_config(argv)
   try:
     return FLAGS(argv)
   except Exception as e:  # noqa: BLE001 - a bad flag, or a config file that fails to load
@@ -112,7 +147,8 @@ def main(argv: list[str]) -> None:
   except Exception as e:  # noqa: BLE001 - a config file that is missing or fails to load
     fail(_config_error(e, sys.argv))
   if config is None:
-    fail("--config is required, e.g. --config=configs/numbers.py")
+    fail("--config is required, e.g. --config=configs/numbers.py"
+         + ("" if _MODE.value == "train" else ", or --workdir of a trained run"))
   import jax
 
   from transformer.errors import UserError
@@ -140,18 +176,27 @@ def main(argv: list[str]) -> None:
                              "TFDS_DATA_DIR": os.environ.get("TFDS_DATA_DIR")})
     if _MODE.value == "train":
       _train(config, workdir)
-    elif _MODE.value == "translate":
-      from transformer import modes
+      return
+    from transformer import modes
+    from transformer.infer import parse_checkpoint
+    from transformer.validate import validate
 
-      modes.translate_stream(config, workdir, _INPUT.value, _AVERAGE.value)
+    saved = workdir_config.load(workdir)
+    if saved is not None:
+      workdir_config.check_same(saved, config)
+    validate(config, jax.device_count())
+    parse_checkpoint(_CHECKPOINT.value)
+    if _MODE.value == "translate":
+      modes.translate_corpus(config, workdir, _INPUT.value, _OUTPUT.value, nbest=_NBEST.value,
+                             output_format=_OUTPUT_FORMAT.value, average=_AVERAGE.value,
+                             checkpoint=_CHECKPOINT.value)
+    elif _MODE.value == "score":
+      modes.score_corpus(config, workdir, _INPUT.value, _OUTPUT.value, average=_AVERAGE.value,
+                         checkpoint=_CHECKPOINT.value)
     elif _MODE.value == "export":
-      from transformer import modes
-
       modes.export_model(config, workdir, _FORMAT.value, _OUTPUT.value, _AVERAGE.value,
-                         _QUANTIZATION.value)
+                         _QUANTIZATION.value, checkpoint=_CHECKPOINT.value)
     else:
-      from transformer import modes
-
       modes.average_and_evaluate(config, workdir, _AVERAGE.value)
   except UserError as e:
     fail(str(e))
@@ -180,11 +225,14 @@ def _train(config, workdir: str) -> None:
   if jax.process_index() != 0:
     return
   print(f"\nStep {result['step']}: validation accuracy {result['eval/accuracy']:.4f}, "
-        f"perplexity {result['eval/perplexity']:.3f}, validation BLEU {result['eval/bleu']:.2f}")
+        f"perplexity {result['eval/perplexity']:.3f}, validation BLEU {result['eval/bleu']:.2f}, "
+        f"chrF {result['eval/chrf']:.2f}, TER {result['eval/ter']:.2f}")
   line = f"Test BLEU: {result['test/bleu']:.2f}"
   if "test/bleu_tokenized" in result:
     line += f" (tokenized, compound-split: {result['test/bleu_tokenized']:.2f})"
   print(f"{line}   [{result['bleu_signature']}]")
+  print(f"Test chrF: {result['test/chrf']:.2f}   [{result['chrf_signature']}]")
+  print(f"Test TER: {result['test/ter']:.2f}   [{result['ter_signature']}]")
   for src, hyp, ref in result["samples"]:
     print(f"  source:      {src}\n  translation: {hyp}\n  reference:   {ref}\n")
   print(f"Metrics: {os.path.join(workdir, 'metrics.jsonl')}", flush=True)

@@ -1,12 +1,7 @@
-"""The translate, average and export modes of the main program.
+"""The translate, score, average and export modes of the main program.
 
-translate: one output line per input line, from the newest checkpoint (or the average of the
-last N). Documented behaviour for awkward input:
-  - an empty (or all-whitespace) line gives an empty line;
-  - a line that is not valid UTF-8 is translated with the bad bytes replaced by U+FFFD, and a
-    warning naming the line number goes to stderr;
-  - a line longer than the model allows (model.max_len - decode.max_extra_len tokens) is
-    truncated to that many tokens, with a warning naming the line number.
+translate and score: a corpus, read in chunks, from the newest checkpoint (or a given step,
+or the average of the last N); formats, awkward input and resume in transformer/corpus.py.
 
 export: the newest checkpoint (or the average of the last N) as a CTranslate2 model, see
 transformer/export.py.
@@ -14,59 +9,54 @@ transformer/export.py.
 
 from __future__ import annotations
 
+import dataclasses
 import os
-import sys
 from typing import Any
 
 import jax
 
+from transformer import corpus
 from transformer import sharding as sharding_lib
 from transformer.checkpoint import Checkpointer
 from transformer.errors import UserError
 from transformer.infer import restore
 from transformer.train import final_evaluation
+from transformer.translate import Search
 
 
-def translate_stream(config: Any, workdir: str, input_path: str | None,
-                     average: int | None) -> None:
-  """Reads lines from `input_path` (or stdin), prints one translation per line."""
-  if input_path is not None and not os.path.isfile(input_path):
-    raise UserError(f"--input={input_path}: no such file")
-  model = restore(config, workdir, average)
-  tokenizer, translator, params, label = (model.tokenizer, model.translator, model.params,
-                                          model.label)
-  print(f"translating with the parameters of {label}", file=sys.stderr, flush=True)
-  stream = open(input_path, "rb") if input_path else sys.stdin.buffer  # noqa: SIM115
-  try:
-    raw_lines = stream.read().splitlines()
-  finally:
-    if input_path:
-      stream.close()
-  limit = config.model.max_len - config.decode.max_extra_len
-  sources: list[list[int]] = []
-  rows: list[int] = []
-  for number, raw in enumerate(raw_lines, start=1):
-    try:
-      text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-      text = raw.decode("utf-8", errors="replace")
-      print(f"warning: line {number} is not valid UTF-8; invalid bytes replaced by U+FFFD",
-            file=sys.stderr)
-    if not text.strip():
-      continue
-    ids = tokenizer.encode(text.strip())
-    if len(ids) > limit:
-      print(f"warning: line {number} has {len(ids)} tokens; truncated to {limit}",
-            file=sys.stderr)
-      ids = ids[: limit - 1] + [1]
-    sources.append(ids)
-    rows.append(number - 1)
-  outputs = [""] * len(raw_lines)
-  for row, ids in zip(rows, translator.translate_ids(params, sources), strict=True):
-    outputs[row] = tokenizer.decode(ids)
-  if jax.process_index() == 0:
-    sys.stdout.write("".join(line + "\n" for line in outputs))
-    sys.stdout.flush()
+def translate_corpus(config: Any, workdir: str, input_path: str | None,
+                     output_path: str | None, *, nbest: int = 1, output_format: str = "text",
+                     average: int | None = None, checkpoint: str | None = None) -> None:
+  """`--mode=translate`: `input_path` (or stdin) to `output_path` (or stdout), in chunks;
+  transformer/corpus.py documents the formats and the resume."""
+  search = Search.from_config(config.decode)
+  corpus.check_request("translate", nbest, output_format, search, input_path, output_path)
+  model = restore(config, workdir, average, checkpoint)
+  settings = {"mode": "translate", "nbest": nbest, "format": output_format,
+              "parameters": model.label, "search": dataclasses.asdict(search),
+              **_input_identity(input_path)}
+  corpus.translate_corpus(corpus.CorpusRun(model, input_path, output_path, settings), config,
+                          nbest, output_format)
+
+
+def score_corpus(config: Any, workdir: str, input_path: str | None, output_path: str | None,
+                 *, average: int | None = None, checkpoint: str | None = None) -> None:
+  """`--mode=score`: log p(target | source) of every `source<TAB>target` line of `input_path`."""
+  corpus.check_request("score", 1, "jsonl", Search.from_config(config.decode), input_path,
+                       output_path)
+  corpus.check_score_input(input_path)
+  model = restore(config, workdir, average, checkpoint)
+  settings = {"mode": "score", "parameters": model.label, **_input_identity(input_path)}
+  corpus.score_corpus(corpus.CorpusRun(model, input_path, output_path, settings), config)
+
+
+def _input_identity(input_path: str | None) -> dict[str, Any]:
+  """What tells a resumed run that its input is unchanged."""
+  if input_path is None:
+    return {"input": None}
+  stat = os.stat(input_path)
+  return {"input": os.path.abspath(input_path), "input_bytes": stat.st_size,
+          "input_mtime_ns": stat.st_mtime_ns}
 
 
 def average_and_evaluate(config: Any, workdir: str, average: int | None) -> None:
@@ -94,11 +84,13 @@ def average_and_evaluate(config: Any, workdir: str, average: int | None) -> None
     step, {k: v for k, v in final.items() if isinstance(v, float)})
   print(f"{model.label}: validation perplexity {final['average_eval/perplexity']:.3f}, "
         f"validation BLEU {final['average_eval/bleu']:.2f}, test BLEU "
-        f"{final['average_test/bleu']:.2f}   [{final['bleu_signature']}]")
+        f"{final['average_test/bleu']:.2f}   [{final['bleu_signature']}], test chrF "
+        f"{final['average_test/chrf']:.2f}, test TER {final['average_test/ter']:.2f}")
 
 
 def export_model(config: Any, workdir: str, fmt: str | None, output: str | None,
-                 average: int | None, quantization: str | None = None) -> None:
+                 average: int | None, quantization: str | None = None,
+                 checkpoint: str | None = None) -> None:
   """Writes the checkpoint (or the average of the last N) to `output` in format `fmt`.
 
   The request is checked before anything is restored; an existing non-empty `output` is
@@ -108,7 +100,7 @@ def export_model(config: Any, workdir: str, fmt: str | None, output: str | None,
   from transformer.validate import model_config
 
   export.check_request(fmt, output, quantization, model_config(config))
-  model = restore(config, workdir, average)
+  model = restore(config, workdir, average, checkpoint)
   if jax.process_index() == 0:
     export.export_restored(model, output, quantization)
     print(f"exported the parameters of {model.label} to {output} ({fmt}"

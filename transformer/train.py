@@ -24,7 +24,7 @@ import numpy as np
 from absl import logging
 
 from transformer import bleu as bleu_lib
-from transformer import compilation, hardware, storage
+from transformer import compilation, hardware, storage, workdir_config
 from transformer import sharding as sharding_lib
 from transformer.checkpoint import Checkpointer, average_params, check_meta, run_meta
 from transformer.data import corpora, input_pipeline
@@ -35,7 +35,7 @@ from transformer.model_family import build_model, count_params
 from transformer.prefetch import Prefetcher
 from transformer.profiling import Profiler
 from transformer.train_state import TrainState, make_eval_step, make_optimizer, make_train_step
-from transformer.translate import Translator, bleu_on
+from transformer.translate import Translator, translate_and_score
 from transformer.validate import validate
 
 
@@ -326,6 +326,9 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
   model_config = validate(config, jax.device_count())
   reader = input_pipeline.open_reader(config)  # Checks the data before writing anything.
   workdir = os.fspath(storage.check_writable(workdir))
+  if jax.process_index() == 0:
+    # The run's config, for every other mode (transformer/workdir_config.py).
+    workdir_config.save(config, workdir)
   if config.data.get("cache_dir"):
     storage.check_writable(config.data.cache_dir, "--config.data.cache_dir")
   compilation.use_persistent_cache(config.compilation_cache_dir)  # before the first compile
@@ -404,10 +407,12 @@ def _train_and_evaluate(config: Any, workdir: str, model_config: ModelConfig,
         writer.write(step, record)
         logging.info("eval at step %d: %s", step, _fmt(record))
       if every(step, config.bleu_every_steps, config.num_train_steps):
-        res, _ = bleu_on(translator, state.params, data.tokenizer, bleu_pairs,
-                         os.path.join(workdir, "translations", f"validation_{step}.txt"))
-        writer.write(step, {"eval/bleu": res.score})
-        logging.info("validation BLEU at step %d: %.2f", step, res.score)
+        scores, _ = translate_and_score(
+          translator, state.params, data.tokenizer, bleu_pairs,
+          os.path.join(workdir, "translations", f"validation_{step}.txt"))
+        writer.write(step, {f"eval/{k}": v.score for k, v in scores.items()})
+        logging.info("validation at step %d: BLEU %.2f, chrF %.2f, TER %.2f", step,
+                     scores["bleu"].score, scores["chrf"].score, scores["ter"].score)
       if every(step, config.checkpoint_every_steps, config.num_train_steps):
         save(step, state)
       if stop.received is not None:
@@ -442,28 +447,31 @@ def final_evaluation(config: Any, trainer: Trainer, translator: Translator, para
                      tokenizer: Any, evals: dict[str, list[dict[str, np.ndarray]]],
                      references: dict[str, list[tuple[str, str]]], workdir: str, step: int,
                      tag: str = "") -> dict[str, Any]:
-  """Validation loss and BLEU and test BLEU of `params` (the end of training, `--mode=average`).
+  """Validation loss, and validation and test BLEU, chrF and TER of `params` (the end of
+  training, `--mode=average`).
 
-  Metric keys are `{tag}eval/...` and `{tag}test/bleu`; the translations are written to
-  `<workdir>/translations/{tag}validation_{step}.txt` and `{tag}test_{step}.txt`. Also returns
-  the test BLEU's signature (`bleu_signature`) and a few (source, hypothesis, reference)
-  `samples`.
+  Metric keys are `{tag}eval/...` and `{tag}test/{bleu,chrf,ter}`; the translations are
+  written to `<workdir>/translations/{tag}validation_{step}.txt` and `{tag}test_{step}.txt`.
+  Also returns the test scores' signatures (`bleu_signature`, `chrf_signature`,
+  `ter_signature`) and a few (source, hypothesis, reference) `samples`.
   """
   final: dict[str, Any] = evaluate(trainer, params, evals["validation"], f"{tag}eval")
   out = os.path.join(workdir, "translations")
   bleu_pairs = references["validation"][: config.eval_bleu_sentences or None]
-  valid_bleu, _ = bleu_on(translator, params, tokenizer, bleu_pairs,
-                          os.path.join(out, f"{tag}validation_{step}.txt"))
-  final[f"{tag}eval/bleu"] = valid_bleu.score
+  valid, _ = translate_and_score(translator, params, tokenizer, bleu_pairs,
+                                 os.path.join(out, f"{tag}validation_{step}.txt"))
+  final.update({f"{tag}eval/{k}": v.score for k, v in valid.items()})
   test = references["test"]
-  test_bleu, test_hyps = bleu_on(translator, params, tokenizer, test,
-                                 os.path.join(out, f"{tag}test_{step}.txt"))
-  final[f"{tag}test/bleu"] = test_bleu.score
+  tested, test_hyps = translate_and_score(translator, params, tokenizer, test,
+                                          os.path.join(out, f"{tag}test_{step}.txt"))
+  final.update({f"{tag}test/{k}": v.score for k, v in tested.items()})
   if corpora.is_wmt(config.dataset):
     final[f"{tag}test/bleu_tokenized"] = bleu_lib.tokenized_bleu(
       test_hyps, [t for _, t in test]).score
   n = config.num_samples_to_print
-  final["bleu_signature"] = test_bleu.signature
+  final["bleu_signature"] = tested["bleu"].signature
+  final["chrf_signature"] = tested["chrf"].signature
+  final["ter_signature"] = tested["ter"].signature
   final["samples"] = [(s, h, t) for (s, t), h in zip(test[:n], test_hyps[:n], strict=True)]
   return final
 

@@ -5,6 +5,7 @@ translate mode.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from collections.abc import Callable, Sequence
@@ -20,6 +21,7 @@ from transformer import bleu as bleu_lib
 from transformer import decode as decode_lib
 from transformer import sharding as sharding_lib
 from transformer import storage
+from transformer.data.tokenizer import EOS_ID, PAD_ID
 from transformer.model import ModelConfig
 from transformer.model_family import build_model
 
@@ -137,29 +139,71 @@ def output_kernel(model_config: ModelConfig, params: Any) -> Array | None:
   return jnp.transpose(nn.unbox(params)["embed"]["embedding"])
 
 
-def decode_tokens(params: Any, inputs: Array, model_config: ModelConfig, *, beam_size: int,
-                  alpha: float, max_extra_len: int, max_len: int,
-                  logits_filter: Callable[[Array, Array], Array] | None = None) -> Array:
-  """Translations of `inputs` int32 [b, s] (0-padded, EOS-terminated) -> int32 [b, max_len].
+METHODS = ("beam", "greedy", "sample")
 
-  beam_size 1 is greedy. The longest output of a sentence is its length + max_extra_len
-  (section 6.1), capped at max_len. `logits_filter(logits [rows, V], step int [rows])`, if
-  given, changes every step's logits (the decoding benchmark forces exact output lengths with
-  it); its step counter travels with the cache, so beam search tiles and reorders it too.
+
+@dataclasses.dataclass(frozen=True)
+class Search:
+  """How hypotheses are found (`decode` in the config): the paper's beam search, greedy
+  search, or sampling; static under jit."""
+
+  method: str = "beam"
+  beam_size: int = 4
+  alpha: float = 0.6  # length penalty (GNMT); also normalises greedy and sampled scores
+  max_extra_len: int = 50  # longest output = source length + this (section 6.1)
+  temperature: float = 1.0
+  top_k: int = 0
+  top_p: float = 1.0
+  seed: int = 0
+
+  @classmethod
+  def from_config(cls, decode_config: Any) -> Search:
+    """The search of a config's `decode` fields (absent ones, in older configs: defaults)."""
+    fields = {f.name: decode_config.get(f.name, f.default) for f in dataclasses.fields(cls)}
+    return cls(**fields)
+
+  def max_hypotheses(self) -> int:
+    """The most hypotheses per source this search can give (`--nbest`); 0: any number."""
+    return {"beam": self.beam_size, "greedy": 1, "sample": 0}[self.method]
+
+
+def decode_hypotheses(params: Any, inputs: Array, model_config: ModelConfig, search: Search, *,
+                      nbest: int = 1, max_len: int, sentence_ids: Array | None = None,
+                      logits_filter: Callable[[Array, Array], Array] | None = None,
+                      ) -> tuple[Array, Array, Array]:
+  """The `nbest` hypotheses of each source in `inputs` int32 [b, s] (0-padded, EOS-terminated).
+
+  Beam search keeps its `nbest` best (nbest <= beam_size); greedy search has one; sampling
+  draws `nbest` samples per source, sample n of the source with id i from the key
+  fold_in(fold_in(key(seed), i), n), so a source's samples depend on its id (`sentence_ids`
+  int32 [b], default 0..b-1) and the seed only, not on the batch or the mesh.
+  The longest output of a sentence is its length + max_extra_len, capped at max_len.
+  `logits_filter(logits [rows, V], step int [rows])`, if given, changes every step's logits
+  (the decoding benchmark forces exact output lengths with it); its step counter travels
+  with the cache, so beam search tiles and reorders it too.
+
+  Returns:
+    sequences int32 [b, nbest, max_len] (0 after EOS), best first for beam search, in draw
+    order for sampling; scores float32 [b, nbest], log_prob / lp(length) (the beam's score);
+    log_probs float32 [b, nbest], the sum of the tokens' log probabilities, EOS included.
   """
+  rows = nbest if search.method == "sample" else 1
+  beams = search.beam_size if search.method == "beam" else 1
   model = build_model(model_config)
   step_model = build_model(model_config, incremental=True)
-  batch = inputs.shape[0]
   encoded = model.apply({"params": params}, inputs, method=type(model).encode)
+  if rows > 1:
+    encoded, inputs = decode_lib.tile_beams((encoded, inputs), rows)
+  batch = inputs.shape[0]
   src_lengths = jnp.sum(inputs > 0, axis=-1).astype(jnp.int32)
-  max_lengths = jnp.minimum(src_lengths + max_extra_len, max_len)
-  cache = init_cache(model_config, batch, inputs.shape[1], max_len, beam_size)
+  max_lengths = jnp.minimum(src_lengths + search.max_extra_len, max_len)
+  cache = init_cache(model_config, batch, inputs.shape[1], max_len, beams)
   cache = prefill_cache(model_config, params, encoded, inputs, cache)
   reorder = beam_reorder_mask(cache)
   if logits_filter is not None:
     cache, reorder = (cache, jnp.zeros((batch,), jnp.int32)), (reorder, True)
-  if beam_size > 1:
-    encoded, inputs = decode_lib.tile_beams((encoded, inputs), beam_size)
+  if beams > 1:
+    encoded, inputs = decode_lib.tile_beams((encoded, inputs), beams)
   kernel = output_kernel(model_config, params)
   step_kwargs = {} if kernel is None else {"output_kernel": kernel}
 
@@ -173,74 +217,190 @@ def decode_tokens(params: Any, inputs: Array, model_config: ModelConfig, *, beam
       return logits[:, -1, :], mutated["cache"]
     return logits_filter(logits[:, -1, :], step), (mutated["cache"], step + 1)
 
-  if beam_size == 1:
-    return decode_lib.greedy_decode(tokens_to_logits, cache, batch_size=batch,
-                                    max_lengths=max_lengths, max_len=max_len)
-  seqs, _ = decode_lib.beam_search(tokens_to_logits, cache, batch_size=batch,
-                                   beam_size=beam_size, alpha=alpha, max_lengths=max_lengths,
-                                   max_len=max_len, reorder=reorder)
-  return seqs[:, 0]
+  if search.method == "beam":
+    seqs, scores, log_probs = decode_lib.beam_search(
+      tokens_to_logits, cache, batch_size=batch, beam_size=beams, alpha=search.alpha,
+      max_lengths=max_lengths, max_len=max_len, reorder=reorder)
+    return seqs[:, :nbest], scores[:, :nbest], log_probs[:, :nbest]
+  if search.method == "greedy":
+    seqs, log_probs = decode_lib.greedy_decode(tokens_to_logits, cache, batch_size=batch,
+                                               max_lengths=max_lengths, max_len=max_len)
+  else:
+    ids = jnp.arange(batch // rows) if sentence_ids is None else sentence_ids
+    sources = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(jax.random.key(search.seed), ids)
+    keys = jax.vmap(lambda k: jax.vmap(jax.random.fold_in, in_axes=(None, 0))(
+      k, jnp.arange(rows)))(sources).reshape(-1)
+    seqs, log_probs = decode_lib.sample_decode(
+      tokens_to_logits, cache, rngs=keys, batch_size=batch, max_lengths=max_lengths,
+      max_len=max_len, temperature=search.temperature, top_k=search.top_k, top_p=search.top_p)
+  lengths = jnp.sum(seqs > 0, axis=-1)
+  scores = log_probs / decode_lib.length_penalty(lengths, search.alpha)
+  unflat = lambda x: decode_lib.unflatten_beams(x, batch // rows)
+  return unflat(seqs), unflat(scores), unflat(log_probs)
+
+
+def decode_tokens(params: Any, inputs: Array, model_config: ModelConfig, *, beam_size: int,
+                  alpha: float, max_extra_len: int, max_len: int,
+                  logits_filter: Callable[[Array, Array], Array] | None = None) -> Array:
+  """The best translation of each source of `inputs` int32 [b, s] -> int32 [b, max_len]:
+  beam search, or greedy search for beam_size 1 (`decode_hypotheses`)."""
+  search = Search(method="beam" if beam_size > 1 else "greedy", beam_size=beam_size,
+                  alpha=alpha, max_extra_len=max_extra_len)
+  return decode_hypotheses(params, inputs, model_config, search, max_len=max_len,
+                           logits_filter=logits_filter)[0][:, 0]
+
+
+def target_log_probs(params: Any, inputs: Array, targets: Array,
+                     model_config: ModelConfig) -> Array:
+  """log p(target | source) of each pair: the sum over the target's tokens (EOS included) of
+  their natural-log probabilities under the model, teacher-forced. inputs int32 [b, s],
+  targets int32 [b, t] (0-padded, EOS-terminated) -> float32 [b]."""
+  model = build_model(model_config)
+  logits = model.apply({"params": params}, inputs, targets)
+  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  token = jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+  return jnp.sum(jnp.where(targets > 0, token, 0.0), axis=-1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Hypothesis:
+  """One output of the search: token ids (up to, excluding, EOS), the search's length-
+  normalised score, and the sum of the tokens' log probabilities (EOS included)."""
+
+  ids: list[int]
+  score: float
+  log_prob: float
 
 
 class Translator:
-  """Jitted batched translation of token ids and of text, sharded over the mesh's batch axes."""
+  """Jitted batched translation and scoring of token ids, sharded over the mesh's batch axes.
+
+  Sources are sorted by length and cut into batches of at most `decode.batch_size` sentences
+  and `decode.tokens_per_batch` padded source tokens, padded to the bucket lengths (one
+  compiled program per length), every process holding the whole batch and each device its
+  rows of it.
+  """
 
   def __init__(self, model_config: ModelConfig, decode_config: Any, mesh: Mesh,
                param_shardings: Any, bucket_lengths: Sequence[int] = ()):
     self.model_config = model_config
     self.mesh = mesh
-    self.beam_size = int(decode_config.beam_size)
-    self.alpha = float(decode_config.alpha)
-    self.max_extra_len = int(decode_config.max_extra_len)
+    self.search = Search.from_config(decode_config)
+    self.beam_size = self.search.beam_size
+    self.max_extra_len = self.search.max_extra_len
     self.batch_size = int(decode_config.batch_size)
+    self.tokens_per_batch = int(decode_config.get("tokens_per_batch", 0)) or None
     # Sources are padded to these lengths (the training buckets), so few shapes compile.
     self.bucket_lengths = sorted(bucket_lengths)
     self._param_shardings = param_shardings
-    self._fns: dict[tuple[int, int], Any] = {}
+    self._fns: dict[tuple, Any] = {}
 
-  def _fn(self, src_len: int, max_len: int):
-    key = (src_len, max_len)
+  def _decode_fn(self, nbest: int, src_len: int, max_len: int):
+    key = ("decode", nbest, src_len, max_len)
     if key not in self._fns:
-      fn = functools.partial(
-        decode_tokens, model_config=self.model_config, beam_size=self.beam_size,
-        alpha=self.alpha, max_extra_len=self.max_extra_len, max_len=max_len,
-      )
+      fn = functools.partial(decode_hypotheses, model_config=self.model_config,
+                             search=self.search, nbest=nbest, max_len=max_len)
       batch = sharding_lib.batch_sharding(self.mesh)
-      self._fns[key] = jax.jit(fn, in_shardings=(self._param_shardings, batch),
+      self._fns[key] = jax.jit(
+        lambda params, inputs, ids: fn(params, inputs, sentence_ids=ids),
+        in_shardings=(self._param_shardings, batch, batch),
+        out_shardings=NamedSharding(self.mesh, PartitionSpec()))
+    return self._fns[key]
+
+  def _score_fn(self, length: int):
+    key = ("score", length)
+    if key not in self._fns:
+      fn = functools.partial(target_log_probs, model_config=self.model_config)
+      batch = sharding_lib.batch_sharding(self.mesh)
+      self._fns[key] = jax.jit(fn, in_shardings=(self._param_shardings, batch, batch),
                                out_shardings=NamedSharding(self.mesh, PartitionSpec()))
     return self._fns[key]
 
-  def translate_ids(self, params: Any, sources: Sequence[Sequence[int]]) -> list[list[int]]:
-    """Token-id sentences (EOS-terminated) -> output token ids (up to, excluding, EOS)."""
-    results: list[list[int]] = [[] for _ in sources]
-    if not sources:
-      return results
+  def rows_per_batch(self, length: int) -> int:
+    """The rows of a batch of sources padded to `length`: at most `batch_size`, and at most
+    `tokens_per_batch` padded tokens, rounded to the data-parallel size (at least one row per
+    device)."""
     dp = sharding_lib.data_parallel_size(self.mesh)
-    batch = max(dp, -(-self.batch_size // dp) * dp)
+    rows = self.batch_size
+    if self.tokens_per_batch is not None:
+      rows = min(rows, self.tokens_per_batch // length)
+    return max(dp, rows // dp * dp)
+
+  def batches(self, lengths: Sequence[int]) -> list[tuple[list[int], int]]:
+    """Indices of `lengths` grouped into batches, shortest first: [(indices, padded length)]."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    out: list[tuple[list[int], int]] = []
+    for i in order:
+      length = self.pad_length(lengths[i])
+      if out and out[-1][1] == length and len(out[-1][0]) < self.rows_per_batch(length):
+        out[-1][0].append(i)
+      elif out and len(out[-1][0]) < self.rows_per_batch(length):
+        out[-1] = (out[-1][0] + [i], length)  # a longer source widens the batch it fits in
+      else:
+        out.append(([i], length))
+    return out
+
+  def _global(self, rows: np.ndarray):
+    sharding = sharding_lib.batch_sharding(self.mesh)
+    return jax.make_array_from_callback(rows.shape, sharding, lambda idx, a=rows: a[idx])
+
+  def _padded(self, seqs: Sequence[Sequence[int]], rows: int, length: int) -> np.ndarray:
+    arr = np.zeros((rows, length), np.int32)
+    for row, ids in enumerate(seqs):
+      ids = truncate(ids, length)
+      arr[row, : len(ids)] = ids
+    return arr
+
+  def search_ids(self, params: Any, sources: Sequence[Sequence[int]], nbest: int = 1,
+                 sentence_ids: Sequence[int] | None = None,
+                 on_batch: Callable[[int], None] | None = None) -> list[list[Hypothesis]]:
+    """The `nbest` hypotheses of each token-id source (EOS-terminated), best first (samples:
+    in draw order). `sentence_ids` (default 0, 1, ...) key the samples of each source;
+    `on_batch(n)` is called after each batch of n sources."""
+    results: list[list[Hypothesis]] = [[] for _ in sources]
+    if sentence_ids is None:
+      sentence_ids = range(len(sources))
     max_src = self.model_config.max_len - self.max_extra_len
-    # Sort by length so each batch pads little; a few padded lengths keep compiles few.
-    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
-    for start in range(0, len(order), batch):
-      idx = order[start:start + batch]
-      longest = max(len(sources[i]) for i in idx)
-      src_len = min(self._pad_length(longest), max_src)
-      arr = np.zeros((batch, src_len), np.int32)
-      for row, i in enumerate(idx):
-        ids = list(sources[i])[:src_len]
-        if len(sources[i]) > src_len:
-          ids[-1] = 1  # truncated: keep the EOS last
-        arr[row, : len(ids)] = ids
+    for idx, length in self.batches([len(s) for s in sources]):
+      src_len = min(length, max_src)
+      rows = self.rows_per_batch(length)
+      arr = self._padded([sources[i] for i in idx], rows, src_len)
+      ids = np.zeros((rows,), np.int32)
+      ids[: len(idx)] = [sentence_ids[i] for i in idx]
       max_len = min(src_len + self.max_extra_len, self.model_config.max_len)
-      # Every process holds the whole batch; each device takes its rows of it.
-      sharding = sharding_lib.batch_sharding(self.mesh)
-      global_arr = jax.make_array_from_callback(arr.shape, sharding, lambda idx, a=arr: a[idx])
-      out = np.asarray(jax.device_get(self._fn(src_len, max_len)(params, global_arr)))
+      out = self._decode_fn(nbest, src_len, max_len)(params, self._global(arr), self._global(ids))
+      seqs, scores, log_probs = (np.asarray(x) for x in jax.device_get(out))
       for row, i in enumerate(idx):
-        results[i] = _until_eos(out[row])
+        results[i] = [Hypothesis(_until_eos(seqs[row, n]), float(scores[row, n]),
+                                 float(log_probs[row, n]))
+                      for n in range(seqs.shape[1]) if scores[row, n] > -np.inf]
+      if on_batch is not None:
+        on_batch(len(idx))
     return results
 
+  def translate_ids(self, params: Any, sources: Sequence[Sequence[int]]) -> list[list[int]]:
+    """Token-id sentences (EOS-terminated) -> the best output's token ids (up to, excluding,
+    EOS)."""
+    return [hyps[0].ids if hyps else [] for hyps in self.search_ids(params, sources)]
 
-  def _pad_length(self, n: int) -> int:
+  def score_ids(self, params: Any, pairs: Sequence[tuple[Sequence[int], Sequence[int]]],
+                on_batch: Callable[[int], None] | None = None) -> list[float]:
+    """log p(target | source) of each (source ids, target ids) pair (`target_log_probs`)."""
+    results = [0.0] * len(pairs)
+    for idx, length in self.batches([max(len(s), len(t)) for s, t in pairs]):
+      length = min(length, self.model_config.max_len)
+      rows = self.rows_per_batch(length)
+      src = self._padded([pairs[i][0] for i in idx], rows, length)
+      tgt = self._padded([pairs[i][1] for i in idx], rows, length)
+      out = np.asarray(jax.device_get(
+        self._score_fn(length)(params, self._global(src), self._global(tgt))))
+      for row, i in enumerate(idx):
+        results[i] = float(out[row])
+      if on_batch is not None:
+        on_batch(len(idx))
+    return results
+
+  def pad_length(self, n: int) -> int:
     """The smallest bucket length >= n; beyond the buckets, the next power of two."""
     for length in self.bucket_lengths:
       if length >= n:
@@ -251,21 +411,31 @@ class Translator:
     return size
 
 
+def truncate(ids: Sequence[int], limit: int) -> list[int]:
+  """`ids` cut to at most `limit` tokens, an EOS-terminated sequence keeping its EOS last."""
+  ids = list(ids)
+  if len(ids) <= limit:
+    return ids
+  return ids[: limit - 1] + [EOS_ID] if ids[-1] == EOS_ID else ids[:limit]
+
+
 def _until_eos(ids: np.ndarray) -> list[int]:
   out = []
   for t in ids.tolist():
-    if t in (0, 1):
+    if t in (PAD_ID, EOS_ID):
       break
     out.append(t)
   return out
 
 
-def bleu_on(translator: Translator, params: Any, tokenizer, pairs: list[tuple[str, str]],
-            path: str | os.PathLike | None) -> tuple[bleu_lib.BleuResult, list[str]]:
-  """Translates the sources of `pairs`, scores against the targets, writes the outputs."""
+def translate_and_score(translator: Translator, params: Any, tokenizer,
+                        pairs: list[tuple[str, str]], path: str | os.PathLike | None
+                        ) -> tuple[dict[str, bleu_lib.CorpusScore], list[str]]:
+  """Translates the sources of `pairs`, scores the outputs against the targets (BLEU, chrF,
+  TER: `bleu.corpus_scores`) and writes them to `path` (if given), one line each."""
   src_ids = [tokenizer.encode(s) for s, _ in pairs]
   hyps = [tokenizer.decode(ids) for ids in translator.translate_ids(params, src_ids)]
-  result = bleu_lib.corpus_bleu(hyps, [t for _, t in pairs])
+  scores = bleu_lib.corpus_scores(hyps, [t for _, t in pairs])
   if path is not None and jax.process_index() == 0:
     storage.write_atomic(path, "".join(h + "\n" for h in hyps))
-  return result, hyps
+  return scores, hyps

@@ -11,6 +11,7 @@ from transformer.data.input_pipeline import BUCKET_MULTIPLE
 from transformer.errors import ConfigError
 from transformer.model import ModelConfig
 from transformer.model_family import KINDS
+from transformer.translate import METHODS
 
 # Besides these, `dataset` may be any TFDS builder name (checked against TFDS when the data
 # is opened, transformer/data/corpora.py).
@@ -143,6 +144,19 @@ def validate(config: Any, num_devices: int) -> ModelConfig:
   _int(config, "decode.beam_size", 1)
   _float(config, "decode.alpha", 0.0, 100.0)
   _int(config, "decode.batch_size", 1)
+  method = _get(config, "decode.method")
+  if method not in METHODS:
+    raise ConfigError(f"decode.method={method!r}: must be one of {', '.join(METHODS)}")
+  temperature = _float(config, "decode.temperature", 0.0, 1e6)
+  if not temperature > 0:
+    raise ConfigError(f"decode.temperature={temperature!r}: must be > 0")
+  _int(config, "decode.top_k", 0)
+  top_p = _float(config, "decode.top_p", 0.0, 1.0)
+  if not top_p > 0:
+    raise ConfigError(f"decode.top_p={top_p!r}: must be in (0, 1]")
+  _int(config, "decode.seed", 0)
+  _int(config, "decode.tokens_per_batch", 1)
+  _int(config, "decode.chunk_size", 1)
   if _get(config, "nonfinite") not in NONFINITE:
     raise ConfigError(f"nonfinite={config.nonfinite!r}: must be one of {', '.join(NONFINITE)}")
   _int(config, "max_consecutive_nonfinite", 1)

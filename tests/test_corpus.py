@@ -1,0 +1,326 @@
+"""After training: a self-contained workdir translates corpora (n-best lists, sampling, jsonl,
+resume) and scores pairs, from the workdir alone."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.xla_flags import FAST_COMPILE
+from transformer import corpus, infer, workdir_config
+from transformer.data import numbers as nb
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+TINY = [
+  "--config.data.vocab_size=256", "--config.model.vocab_size=256", "--config.model.num_layers=1",
+  "--config.model.d_model=32", "--config.model.d_ff=64", "--config.data.tokens_per_batch=512",
+  "--config.data.packed_source_len=64", "--config.data.packed_target_len=48",
+  "--config.data.heldout_pairs=30", "--config.data.spm_train_sentences=2000",
+  "--config.optimizer.warmup_steps=10", "--config.num_train_steps=12",
+  "--config.checkpoint_every_steps=6", "--config.eval_every_steps=100",
+  "--config.log_every_steps=6", "--config.eval_bleu_sentences=8", "--config.decode.beam_size=3",
+  "--config.decode.max_extra_len=5", "--config.average_last_checkpoints=0",
+]
+
+
+def run_main(*args, stdin=None, timeout=600):
+  env = dict(os.environ, XLA_FLAGS=FAST_COMPILE)
+  return subprocess.run([sys.executable, "-m", "transformer.main", *args], cwd=REPO, env=env,
+                        input=stdin, capture_output=True, text=True, timeout=timeout)
+
+
+def one_error_line(stderr):
+  lines = [ln for ln in stderr.splitlines() if ln.startswith("error:")]
+  assert len(lines) == 1 and "Traceback" not in stderr, stderr[-3000:]
+  return lines[0]
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+  """A run of configs/text.py trained on files that are then deleted, its workdir moved."""
+  root = tmp_path_factory.mktemp("corpus")
+  pairs = list(nb.generate("train", 600))
+  for i, lang in enumerate(("en", "de")):
+    (root / f"train.{lang}").write_text("".join(p[i] + "\n" for p in pairs))
+  trained = root / "trained"
+  proc = run_main("--config=configs/text.py:en-de,small",
+                  f"--config.data.train_files.en={root}/train.en",
+                  f"--config.data.train_files.de={root}/train.de", *TINY,
+                  f"--workdir={trained}")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "Test chrF" in proc.stdout and "Test TER" in proc.stdout
+  records = [json.loads(ln) for ln in (trained / "metrics.jsonl").read_text().splitlines()]
+  keys = set().union(*records)
+  for key in ("eval/bleu", "eval/chrf", "eval/ter", "test/bleu", "test/chrf", "test/ter"):
+    assert key in keys, key
+  # A copy elsewhere, without the corpus or its token cache: the workdir is all there is.
+  moved = root / "moved"
+  shutil.copytree(trained, moved, ignore=shutil.ignore_patterns("cache"))
+  shutil.rmtree(trained)
+  for lang in ("en", "de"):
+    os.remove(root / f"train.{lang}")
+  return str(moved)
+
+
+@pytest.fixture(scope="module")
+def restored(workdir):
+  config = workdir_config.load(workdir)
+  return config, infer.restore(config, workdir)
+
+
+SOURCES = ["seven", "three hundred and forty-two", "", "twelve thousand and one", "nine"]
+
+
+def test_the_workdir_alone_translates_nbest_samples_and_scores(workdir, tmp_path):
+  text = "\n".join(SOURCES) + "\n"
+  plain = run_main("--mode=translate", f"--workdir={workdir}", stdin=text)
+  assert plain.returncode == 0, plain.stderr[-3000:]
+  assert len(plain.stdout.splitlines()) == len(SOURCES)
+  assert "sentences/s" in plain.stderr  # the progress line
+
+  nbest = run_main("--mode=translate", f"--workdir={workdir}", "--nbest=3",
+                   "--output_format=jsonl", stdin=text)
+  assert nbest.returncode == 0, nbest.stderr[-3000:]
+  objects = [json.loads(ln) for ln in nbest.stdout.splitlines()]
+  assert [o["source"] for o in objects] == SOURCES
+  for obj, best in zip(objects, plain.stdout.splitlines(), strict=True):
+    if not obj["source"]:
+      assert obj["hypotheses"] == []
+      continue
+    hyps = obj["hypotheses"]
+    assert 1 <= len(hyps) <= 3 and hyps[0]["text"] == best
+    scores = [h["score"] for h in hyps]
+    assert scores == sorted(scores, reverse=True)
+    assert all(h["logprob"] <= 0 for h in hyps)
+
+  samples = run_main("--mode=translate", f"--workdir={workdir}", "--nbest=2",
+                     "--config.decode.method=sample", "--config.decode.top_k=5", stdin=text)
+  assert samples.returncode == 0, samples.stderr[-3000:]
+  assert len(samples.stdout.splitlines()) == 2 * len(SOURCES)  # N lines per source
+
+  pairs = tmp_path / "pairs.tsv"
+  pairs.write_text("seven\tsieben\nnine\tneun\n")
+  scored = run_main("--mode=score", f"--workdir={workdir}", f"--input={pairs}",
+                    f"--output={tmp_path / 'scores.jsonl'}")
+  assert scored.returncode == 0, scored.stderr[-3000:]
+  lines = [json.loads(ln) for ln in (tmp_path / "scores.jsonl").read_text().splitlines()]
+  assert len(lines) == 2 and all(set(ln) == {"logprob", "tokens", "perplexity"} for ln in lines)
+  for ln in lines:
+    assert ln["perplexity"] == pytest.approx(np.exp(-ln["logprob"] / ln["tokens"]))
+
+
+def test_a_model_field_differing_from_the_saved_config_is_one_line(workdir, tmp_path):
+  out = tmp_path / "out.txt"
+  proc = run_main("--mode=translate", f"--workdir={workdir}", "--config.model.d_model=64",
+                  f"--output={out}", stdin="seven\n")
+  assert proc.returncode == 2
+  assert "model.d_model" in one_error_line(proc.stderr)
+  assert not os.listdir(tmp_path)
+
+
+@pytest.mark.parametrize("args,name", [
+  (["--nbest=4"], "--nbest"),  # above the beam size (3)
+  (["--config.decode.method=greedy", "--nbest=2"], "--nbest"),
+  (["--config.decode.method=nucleus"], "decode.method"),
+  (["--config.decode.top_p=0.0"], "decode.top_p"),
+  (["--config.decode.top_p=1.5"], "decode.top_p"),
+  (["--config.decode.temperature=0.0"], "decode.temperature"),
+  (["--config.decode.temperature=-1.0"], "decode.temperature"),
+  (["--output_format=xml"], "--output_format"),
+  (["--checkpoint=best-ish"], "--checkpoint"),
+])
+def test_bad_translate_requests_are_one_line_and_write_nothing(workdir, tmp_path, args, name):
+  source = tmp_path / "in.txt"
+  source.write_text("seven\n")
+  out = tmp_path / "out.txt"
+  proc = run_main("--mode=translate", f"--workdir={workdir}", f"--input={source}",
+                  f"--output={out}", *args)
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  assert name in one_error_line(proc.stderr)
+  assert sorted(os.listdir(tmp_path)) == ["in.txt"]
+
+
+@pytest.mark.parametrize("content,what", [
+  ("seven\tsieben\nnine neun\n", "line 2 has no tab"),
+  ("seven\tsieben\nnine\t  \n", "line 2 has an empty target"),
+])
+def test_bad_score_input_is_one_line_and_writes_nothing(workdir, tmp_path, content, what):
+  source = tmp_path / "pairs.tsv"
+  source.write_text(content)
+  proc = run_main("--mode=score", f"--workdir={workdir}", f"--input={source}",
+                  f"--output={tmp_path / 'out.jsonl'}")
+  assert proc.returncode == 2
+  assert what in one_error_line(proc.stderr)
+  assert sorted(os.listdir(tmp_path)) == ["pairs.tsv"]
+
+
+def test_an_existing_output_is_never_overwritten(workdir, tmp_path):
+  out = tmp_path / "out.txt"
+  out.write_text("precious\n")
+  proc = run_main("--mode=translate", f"--workdir={workdir}", f"--output={out}", stdin="seven\n")
+  assert proc.returncode == 2 and "--output" in one_error_line(proc.stderr)
+  assert out.read_text() == "precious\n"
+
+
+def _translate(config, restored, tmp_path, name, lines, nbest=1, fmt="jsonl", **decode):
+  source = tmp_path / "in.txt"
+  source.write_text("".join(ln + "\n" for ln in lines))
+  out = tmp_path / name
+  with config.unlocked():
+    config.decode.chunk_size = 4
+    for k, v in decode.items():
+      config.decode[k] = v
+  model = restored
+  from transformer.translate import Search, Translator
+
+  model.translator = Translator(model.translator.model_config, config.decode,
+                                model.translator.mesh, model.trainer.state_shardings.params,
+                                model.translator.bucket_lengths)
+  settings = {"nbest": nbest, "format": fmt, "search": str(Search.from_config(config.decode))}
+  corpus.translate_corpus(corpus.CorpusRun(model, str(source), str(out), settings), config,
+                          nbest, fmt)
+  return out.read_text() if out.exists() else None
+
+
+@pytest.mark.parametrize("method", ["beam", "greedy", "sample"])
+def test_hypotheses_log_probs_are_their_teacher_forced_scores(restored, method):
+  import jax
+  import jax.numpy as jnp
+
+  from transformer.translate import Search, decode_hypotheses, target_log_probs
+
+  config, model = restored
+  nbest = 1 if method == "greedy" else 3
+  search = Search(method=method, beam_size=3, alpha=0.6, max_extra_len=5, top_k=8)
+  sources = [model.tokenizer.encode(s) for s in SOURCES if s]
+  inputs = np.zeros((len(sources), 16), np.int32)
+  for row, ids in enumerate(sources):
+    inputs[row, :len(ids)] = ids
+  mc = model.trainer.model_config
+  seqs, scores, log_probs = jax.jit(lambda p, x: decode_hypotheses(
+    p, x, mc, search, nbest=nbest, max_len=24))(model.params, jnp.asarray(inputs))
+  seqs, scores, log_probs = map(np.asarray, (seqs, scores, log_probs))
+  assert seqs.shape == (len(sources), nbest, 24)
+  flat = seqs.reshape(-1, 24)
+  forced = np.asarray(target_log_probs(model.params, jnp.asarray(np.repeat(inputs, nbest, 0)),
+                                       jnp.asarray(flat), mc))
+  checked = 0
+  for row, seq in enumerate(flat):
+    tokens = seq.tolist()
+    if 1 not in tokens or 0 in tokens[: tokens.index(1)]:
+      continue  # padding emitted inside a hypothesis: teacher forcing would skip it
+    b, n = divmod(row, nbest)
+    assert log_probs[b, n] == pytest.approx(forced[row], rel=1e-4, abs=1e-4)
+    lp = ((5.0 + tokens.index(1) + 1) / 6.0) ** 0.6
+    assert scores[b, n] == pytest.approx(log_probs[b, n] / lp, rel=1e-5, abs=1e-5)
+    checked += 1
+  assert checked >= len(flat) // 2
+
+
+def test_score_mode_mean_nll_is_the_evaluation_loss(restored):
+  """Sum of -logprob over the pairs' tokens / their token count = eval loss without label
+  smoothing, on the same pairs."""
+  from transformer.train import Trainer, evaluate
+
+  config, model = restored
+  config = config.copy_and_resolve_references()
+  with config.unlocked():
+    config.label_smoothing = 0.0
+  pairs = list(nb.generate("test", 40))
+  ids = [(model.tokenizer.encode(s), model.tokenizer.encode(t)) for s, t in pairs]
+  log_probs = model.translator.score_ids(model.params, ids)
+  tokens = sum(len(t) for _, t in ids)
+  nll = -sum(log_probs) / tokens
+
+  trainer = Trainer(config, model.trainer.mesh, model.trainer.model_config)
+  length = 64
+  batch = {"inputs": np.zeros((40, length), np.int32), "targets": np.zeros((40, length), np.int32)}
+  for row, (s, t) in enumerate(ids):
+    batch["inputs"][row, :len(s)] = s
+    batch["targets"][row, :len(t)] = t
+  record = evaluate(trainer, model.params, [batch], "eval")
+  assert nll == pytest.approx(record["eval/loss"], rel=1e-5)
+
+
+def test_an_interrupted_translation_resumes_to_the_same_file(restored, tmp_path, monkeypatch):
+  config, model = restored
+  config = config.copy_and_resolve_references()
+  lines = [" and ".join(["seven", "nine", "twelve"][: 1 + i % 3]) + f" {i}" for i in range(11)]
+  whole = _translate(config, model, tmp_path, "whole.txt", lines, nbest=2, fmt="text")
+
+  calls = []
+  original = corpus.ResumableOutput.write
+
+  def write_then_die(self, text, n):
+    calls.append(n)
+    original(self, text, n)
+    if len(calls) == 2:
+      raise KeyboardInterrupt  # a kill after the second chunk
+
+  monkeypatch.setattr(corpus.ResumableOutput, "write", write_then_die)
+  with pytest.raises(KeyboardInterrupt):
+    _translate(config, model, tmp_path, "part.txt", lines, nbest=2, fmt="text")
+  assert not (tmp_path / "part.txt").exists() and (tmp_path / "part.txt.partial").exists()
+  # Bytes of a chunk written after the last recorded state are dropped on resume.
+  with open(tmp_path / "part.txt.partial", "a") as f:
+    f.write("half a chunk\n")
+  searched = []
+  search_ids = type(model.translator).search_ids
+  monkeypatch.setattr(type(model.translator), "search_ids",
+                      lambda self, params, sources, *a, **k:
+                      searched.append(len(sources)) or search_ids(self, params, sources, *a, **k))
+  resumed = _translate(config, model, tmp_path, "part.txt", lines, nbest=2, fmt="text")
+  assert resumed == whole
+  assert sum(searched) == len(lines) - 8  # the two finished chunks (4 lines each) not redone
+  assert not (tmp_path / "part.txt.partial").exists()
+
+
+def test_a_partial_output_of_other_settings_is_refused(restored, tmp_path, monkeypatch):
+  config, model = restored
+  config = config.copy_and_resolve_references()
+  monkeypatch.setattr(corpus.ResumableOutput, "finish", lambda self: None)
+  _translate(config, model, tmp_path, "out.txt", ["seven", "nine"], nbest=1, fmt="text")
+  monkeypatch.undo()
+  from transformer.errors import UserError
+
+  with pytest.raises(UserError, match="other settings"):
+    _translate(config, model, tmp_path, "out.txt", ["seven", "nine"], nbest=2, fmt="text")
+
+
+def test_samples_depend_on_the_seed_not_on_the_mesh_or_the_batch(workdir, tmp_path):
+  lines = ["seven", "three hundred", "nine", "twelve and one", "five"] * 2
+  outputs = {}
+  for name, mesh, batch in (("8x1", (-1, 1), 64), ("2x4", (2, 4), 64), ("small", (-1, 1), 8)):
+    config = workdir_config.load(workdir)
+    with config.unlocked():
+      config.mesh.data, config.mesh.fsdp = mesh
+      config.decode.batch_size = batch
+      config.decode.method = "sample"
+      config.decode.seed = 7
+    model = infer.restore(config, workdir)
+    found = model.translator.search_ids(
+      model.params, [model.tokenizer.encode(s) for s in lines], 3)
+    outputs[name] = [[h.ids for h in hyps] for hyps in found]
+  assert outputs["8x1"] == outputs["2x4"] == outputs["small"]
+  # The same source at another line number draws other samples; one line's samples differ.
+  assert outputs["8x1"][0] != outputs["8x1"][5] or outputs["8x1"][1] != outputs["8x1"][6]
+  assert any(len({tuple(s) for s in hyps}) > 1 for hyps in outputs["8x1"])
+
+
+def test_check_request_refuses_bad_flags_before_work(tmp_path):
+  from transformer.errors import UserError
+  from transformer.translate import Search
+
+  beam = Search(method="beam", beam_size=4)
+  with pytest.raises(UserError, match="--nbest=5"):
+    corpus.check_request("translate", 5, "text", beam, None, None)
+  with pytest.raises(UserError, match="--input"):
+    corpus.check_request("translate", 1, "text", beam, str(tmp_path / "nope"), None)
+  with pytest.raises(UserError, match="--mode=score needs --input"):
+    corpus.check_request("score", 1, "jsonl", beam, None, None)
+  corpus.check_request("translate", 100, "jsonl", Search(method="sample"), None, None)

@@ -1,0 +1,346 @@
+"""Translating and scoring whole corpora: `--mode=translate` and `--mode=score`.
+
+The input (a file, or standard input) is read `decode.chunk_size` lines at a time, never whole;
+the translator sorts each chunk by length and cuts it into token-budget batches over every
+device of the mesh (`translate.Translator`); the outputs are written in input order, chunk by
+chunk. A progress line (sentences/s, ETA when the input is a file) goes to stderr.
+
+With `--output=FILE` the run writes `FILE.partial` and, after every chunk, the number of input
+lines done to `FILE.partial.json`; an interrupted run, started again with the same command,
+continues after the last finished chunk and ends with the same file as an uninterrupted run;
+at the end `FILE.partial` becomes `FILE`. An existing FILE is never overwritten.
+
+Documented behaviour for awkward input:
+  - an empty (or all-whitespace) line gives an empty output (no hypotheses in jsonl);
+  - a line that is not valid UTF-8 is read with the bad bytes replaced by U+FFFD, and a warning
+    naming the line number goes to stderr;
+  - a line longer than the model allows (model.max_len - decode.max_extra_len tokens; in score
+    mode model.max_len a side) is truncated to that many tokens, EOS kept, with a warning
+    naming the line number.
+
+Output formats (`--output_format`):
+  - `text`: one line per input line; with `--nbest=N` > 1, N lines per input line, its
+    hypotheses best first (samples in draw order), empty lines filling up to N.
+  - `jsonl`: one JSON object per input line, `{"source": ..., "hypotheses": [{"text": ...,
+    "score": ..., "logprob": ...}, ...]}`: `score` is the search's length-normalised score,
+    `logprob` the sum of the tokens' natural-log probabilities, EOS included.
+Score mode reads `source<TAB>target` lines and writes `{"logprob": ..., "tokens": ...,
+"perplexity": ...}` per pair: the target's log probability given the source (natural log,
+summed over its tokens with EOS), its token count with EOS, and exp(-logprob / tokens).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import IO, Any
+
+import jax
+import numpy as np
+
+from transformer import storage
+from transformer.errors import UserError
+from transformer.translate import Hypothesis, truncate
+
+FORMATS = ("text", "jsonl")
+
+
+def check_request(mode: str, nbest: int, output_format: str, search: Any,
+                  input_path: str | None, output_path: str | None) -> None:
+  """Checks the flags of a corpus run before anything is restored or written."""
+  if output_format not in FORMATS:
+    raise UserError(f"--output_format={output_format}: must be one of {', '.join(FORMATS)}")
+  if nbest < 1:
+    raise UserError(f"--nbest={nbest}: must be >= 1")
+  if mode == "translate":
+    most = search.max_hypotheses()
+    if most and nbest > most:
+      raise UserError(f"--nbest={nbest}: must be <= decode.beam_size={search.beam_size} with "
+                      f"decode.method={search.method!r}" if search.method == "beam" else
+                      f"--nbest={nbest}: decode.method='greedy' finds one hypothesis; use "
+                      "decode.method='beam' or 'sample' for more")
+  if mode == "score" and input_path is None:
+    raise UserError("--mode=score needs --input=FILE of source<TAB>target lines")
+  if input_path is not None and not os.path.isfile(input_path):
+    raise UserError(f"--input={input_path}: no such file")
+  if output_path is not None:
+    if storage.is_remote(output_path):
+      raise UserError(f"--output={output_path}: must be a local file")
+    if os.path.exists(output_path):
+      raise UserError(f"--output={output_path} exists: remove it or choose another file "
+                      "(it is never overwritten)")
+    parent = os.path.dirname(os.path.abspath(output_path))
+    if not os.path.isdir(parent):
+      raise UserError(f"--output={output_path}: no such directory {parent}")
+
+
+def check_score_input(input_path: str) -> int:
+  """Reads the whole TSV once (streaming) before any work: every line needs a tab and a
+  non-empty target. Returns the number of lines."""
+  count = 0
+  with open(input_path, "rb") as f:
+    for count, raw in enumerate(f, start=1):  # noqa: B007 - the count is the result
+      text = _strip_newline(raw).decode("utf-8", errors="replace")
+      if "\t" not in text:
+        raise UserError(f"--input={input_path}: line {count} has no tab; score mode reads "
+                        "source<TAB>target lines")
+      if not text.split("\t", 1)[1].strip():
+        raise UserError(f"--input={input_path}: line {count} has an empty target")
+  return count
+
+
+def count_lines(path: str) -> int:
+  """Lines of a file, read in blocks (for the ETA)."""
+  count, last = 0, b"\n"
+  with open(path, "rb") as f:
+    while block := f.read(1 << 20):
+      count += block.count(b"\n")
+      last = block[-1:]
+  return count + (last != b"\n")
+
+
+def _strip_newline(raw: bytes) -> bytes:
+  return raw[:-1] if raw.endswith(b"\n") else raw
+
+
+def read_chunks(stream: IO[bytes], chunk_size: int, skip: int = 0
+                ) -> Iterator[tuple[int, list[str]]]:
+  """(number of the chunk's first line, 0-based; the chunk's lines as text), `chunk_size`
+  lines at a time, after skipping `skip` lines. Invalid UTF-8 is replaced, with a warning."""
+  chunk: list[str] = []
+  first = skip
+  for number, raw in enumerate(stream):
+    if number < skip:
+      continue
+    raw = _strip_newline(raw)
+    if raw.endswith(b"\r"):
+      raw = raw[:-1]
+    try:
+      text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+      text = raw.decode("utf-8", errors="replace")
+      print(f"warning: line {number + 1} is not valid UTF-8; invalid bytes replaced by U+FFFD",
+            file=sys.stderr)
+    chunk.append(text)
+    if len(chunk) == chunk_size:
+      yield first, chunk
+      first, chunk = number + 1, []
+  if chunk:
+    yield first, chunk
+
+
+class Progress:
+  """A progress line on stderr, at most every `every` seconds and at the end."""
+
+  def __init__(self, what: str, total: int | None, done: int = 0, every: float = 5.0):
+    self.what, self.total, self.done, self.every = what, total, done, every
+    self.start, self.start_done, self.last = time.time(), done, 0.0
+
+  def add(self, n: int, final: bool = False) -> None:
+    self.done += n
+    now = time.time()
+    if not final and now - self.last < self.every:
+      return
+    self.last = now
+    rate = (self.done - self.start_done) / max(now - self.start, 1e-9)
+    line = f"{self.what}: {self.done:,}"
+    if self.total:
+      line += f"/{self.total:,} sentences ({100 * self.done / self.total:.0f}%)"
+    else:
+      line += " sentences"
+    line += f", {rate:.1f} sentences/s"
+    if self.total and rate > 0 and not final:
+      line += f", ETA {_duration((self.total - self.done) / rate)}"
+    print(line, file=sys.stderr, flush=True)
+
+
+def _duration(seconds: float) -> str:
+  seconds = int(seconds)
+  if seconds >= 3600:
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+  return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+class ResumableOutput:
+  """A file written chunk by chunk that survives interruption (see the module docstring).
+
+  `settings` identify the run (input, decoding, format, parameters); a `.partial` file of a
+  run with other settings is refused, never overwritten or mixed.
+  """
+
+  def __init__(self, path: str, settings: dict[str, Any]):
+    self.path = path
+    self.partial = path + ".partial"
+    self.state_path = self.partial + ".json"
+    self.settings = json.loads(json.dumps(settings))
+    self.lines_done = 0
+    size = 0
+    if os.path.exists(self.state_path) and os.path.exists(self.partial):
+      with open(self.state_path) as f:
+        state = json.load(f)
+      if state.get("settings") != self.settings:
+        changed = sorted(k for k in set(state.get("settings", {})) | set(self.settings)
+                         if state.get("settings", {}).get(k) != self.settings.get(k))
+        raise UserError(f"{self.partial} is an unfinished run with other settings "
+                        f"({', '.join(changed)}): finish it with the same command, or remove "
+                        f"{self.partial} and {self.state_path} to start afresh")
+      self.lines_done, size = int(state["lines_done"]), int(state["bytes"])
+    elif os.path.exists(self.partial):
+      raise UserError(f"{self.partial} exists without {self.state_path}: remove it to start "
+                      "afresh")
+    with open(self.partial, "ab") as f:
+      f.truncate(size)  # drops a chunk written after the last recorded state
+    self.bytes = size
+
+  def write(self, text: str, lines: int) -> None:
+    """Appends a finished chunk (`lines` input lines), then records it, durably, in that
+    order: a kill between the two leaves bytes the next run drops."""
+    data = text.encode("utf-8")
+    with open(self.partial, "ab") as f:
+      f.write(data)
+      f.flush()
+      os.fsync(f.fileno())
+    self.bytes += len(data)
+    self.lines_done += lines
+    tmp = self.state_path + ".tmp"
+    with open(tmp, "w") as f:
+      json.dump({"settings": self.settings, "lines_done": self.lines_done,
+                 "bytes": self.bytes}, f)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, self.state_path)
+
+  def finish(self) -> None:
+    os.replace(self.partial, self.path)
+    os.remove(self.state_path)
+
+
+def _lines_done(output: ResumableOutput | None) -> int:
+  """Process 0's resume point, the same on every process."""
+  done = output.lines_done if output is not None else 0
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+
+    done = int(multihost_utils.broadcast_one_to_all(np.int64(done)))
+  return done
+
+
+def perplexity(log_prob: float, tokens: int) -> float:
+  """exp(-log_prob / tokens), capped at the largest float (JSON has no infinity)."""
+  return math.exp(min(-log_prob / tokens, math.log(sys.float_info.max)))
+
+
+def hypotheses_json(source: str, hyps: list[tuple[str, Hypothesis]]) -> str:
+  return json.dumps({"source": source, "hypotheses": [
+    {"text": text, "score": h.score, "logprob": h.log_prob} for text, h in hyps]},
+    ensure_ascii=False)
+
+
+@dataclasses.dataclass
+class CorpusRun:
+  """What a corpus run needs of a restored model (`infer.Restored`) and the flags."""
+
+  model: Any  # infer.Restored
+  input_path: str | None
+  output_path: str | None
+  settings: dict[str, Any]
+
+
+def _run(run: CorpusRun, what: str, total: int | None, chunk_size: int,
+         process_chunk: Callable[[int, list[str], Progress], str]) -> None:
+  """Reads the input in chunks, turns each into output text, writes it (process 0)."""
+  writer = None
+  if run.output_path is not None and jax.process_index() == 0:
+    writer = ResumableOutput(run.output_path, run.settings)
+  skip = _lines_done(writer)
+  progress = Progress(what, total, skip)
+  stream = open(run.input_path, "rb") if run.input_path else sys.stdin.buffer  # noqa: SIM115
+  try:
+    for first, lines in read_chunks(stream, chunk_size, skip):
+      text = process_chunk(first, lines, progress)
+      if jax.process_index() != 0:
+        continue
+      if writer is not None:
+        writer.write(text, len(lines))
+      else:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+  finally:
+    if run.input_path:
+      stream.close()
+  progress.add(0, final=True)
+  if writer is not None:
+    writer.finish()
+    print(f"wrote {run.output_path}", file=sys.stderr, flush=True)
+
+
+def translate_corpus(run: CorpusRun, config: Any, nbest: int, output_format: str) -> None:
+  """`--mode=translate`: every input line translated (module docstring)."""
+  model = run.model
+  tokenizer, translator = model.tokenizer, model.translator
+  limit = config.model.max_len - translator.max_extra_len
+  total = count_lines(run.input_path) if run.input_path else None
+
+  def process_chunk(first: int, lines: list[str], progress: Progress) -> str:
+    rows, sources = [], []
+    for i, line in enumerate(lines):
+      if not line.strip():
+        continue
+      ids = tokenizer.encode(line.strip())
+      if len(ids) > limit:
+        print(f"warning: line {first + i + 1} has {len(ids)} tokens; truncated to {limit}",
+              file=sys.stderr)
+        ids = truncate(ids, limit)
+      rows.append(i)
+      sources.append(ids)
+    found = translator.search_ids(model.params, sources, nbest,
+                                  sentence_ids=[first + i for i in rows],
+                                  on_batch=progress.add)
+    progress.add(len(lines) - len(rows))  # empty lines
+    hyps: list[list[tuple[str, Hypothesis]]] = [[] for _ in lines]
+    for i, found_i in zip(rows, found, strict=True):
+      hyps[i] = [(tokenizer.decode(h.ids), h) for h in found_i]
+    out = []
+    for line, line_hyps in zip(lines, hyps, strict=True):
+      if output_format == "jsonl":
+        out.append(hypotheses_json(line, line_hyps) + "\n")
+      else:
+        texts = [t for t, _ in line_hyps][:nbest]
+        out.append("".join(t + "\n" for t in texts + [""] * (nbest - len(texts))))
+    return "".join(out)
+
+  print(f"translating with the parameters of {model.label}", file=sys.stderr, flush=True)
+  _run(run, "translate", total, int(config.decode.get("chunk_size", 10000)), process_chunk)
+
+
+def score_corpus(run: CorpusRun, config: Any) -> None:
+  """`--mode=score`: the log probability of every `source<TAB>target` pair (module docstring)."""
+  model = run.model
+  tokenizer, translator = model.tokenizer, model.translator
+  limit = config.model.max_len
+  total = check_score_input(run.input_path)
+
+  def process_chunk(first: int, lines: list[str], progress: Progress) -> str:
+    pairs = []
+    for i, line in enumerate(lines):
+      source, target = line.split("\t", 1)
+      sides = [tokenizer.encode(source.strip()), tokenizer.encode(target.strip())]
+      if max(len(s) for s in sides) > limit:
+        print(f"warning: line {first + i + 1} has a side longer than {limit} tokens; "
+              "truncated", file=sys.stderr)
+        sides = [truncate(s, limit) for s in sides]
+      pairs.append((sides[0], sides[1]))
+    log_probs = translator.score_ids(model.params, pairs, on_batch=progress.add)
+    out = []
+    for (_, target), logprob in zip(pairs, log_probs, strict=True):
+      out.append(json.dumps({"logprob": logprob, "tokens": len(target),
+                             "perplexity": perplexity(logprob, len(target))}) + "\n")
+    return "".join(out)
+
+  print(f"scoring with the parameters of {model.label}", file=sys.stderr, flush=True)
+  _run(run, "score", total, int(config.decode.get("chunk_size", 10000)), process_chunk)

@@ -1,0 +1,147 @@
+"""The run's config, saved in its workdir: every mode but training works from the workdir alone.
+
+Training writes `<workdir>/config.json` at its first start (every field, with its type). The
+main program's other modes take it as their config when `--config` is not given, by loading
+this file as a config file (`--config=<this file>:<workdir>`, `get_config` below), so that
+`--config.decode.beam_size=8` overrides it like any config file. A copied workdir (local or
+`gs://`) therefore translates, scores and exports without the training corpus or the config
+file it was trained with.
+
+Decoding and evaluation fields may differ from the saved ones; a field that defines the model
+or its data (`FIXED`) may not: `check_same` names the first that differs.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import os
+from typing import Any
+
+from ml_collections import config_dict
+
+FILE = "config.json"
+# What defines the model and the vocabulary it was trained with.
+FIXED = ("dataset", "model", "data")
+# Fields under FIXED that only say how evaluation data is batched or where caches live.
+FREE = ("data.eval_batch_size", "data.cache_dir", "data.download")
+_TYPES = {t.__name__: t for t in (int, float, str, bool, list, tuple, dict, object)}
+
+
+def path(workdir: str | os.PathLike) -> str:
+  from transformer import storage
+
+  return os.fspath(storage.as_path(workdir) / FILE)
+
+
+def _encode(value: Any) -> Any:
+  """JSON with tuples kept apart from lists (the axis rules are tuples)."""
+  if isinstance(value, tuple):
+    return {"__tuple__": [_encode(v) for v in value]}
+  if isinstance(value, list):
+    return [_encode(v) for v in value]
+  return value
+
+
+def _decode(value: Any) -> Any:
+  if isinstance(value, dict) and set(value) == {"__tuple__"}:
+    return tuple(_decode(v) for v in value["__tuple__"])
+  if isinstance(value, list):
+    return [_decode(v) for v in value]
+  return value
+
+
+def to_json(config: config_dict.ConfigDict) -> str:
+  """Every field of `config` with its declared type (so None placeholders stay overridable)."""
+
+  def walk(node: config_dict.ConfigDict) -> dict[str, Any]:
+    out = {}
+    for key in sorted(node.keys()):
+      value = node[key]
+      if isinstance(value, config_dict.ConfigDict):
+        out[key] = {"fields": walk(value)}
+      else:
+        field_type = node.get_ref(key).get_type()
+        out[key] = {"value": _encode(value),
+                    "type": getattr(field_type, "__name__", "object")}
+    return out
+
+  return json.dumps({"config": walk(config)}, indent=1, sort_keys=True)
+
+
+def from_json(text: str) -> config_dict.ConfigDict:
+  def build(fields: dict[str, Any]) -> config_dict.ConfigDict:
+    node = config_dict.ConfigDict()
+    for key, entry in fields.items():
+      if "fields" in entry:
+        node[key] = build(entry["fields"])
+      else:
+        field_type = _TYPES.get(entry["type"], builtins.object)
+        node[key] = config_dict.FieldReference(_decode(entry["value"]), field_type=field_type)
+    return node
+
+  return build(json.loads(text)["config"])
+
+
+def save(config: config_dict.ConfigDict, workdir: str | os.PathLike) -> bool:
+  """Writes `<workdir>/config.json` unless it exists (the first start's config is the run's);
+  returns whether it wrote it."""
+  from transformer import storage
+
+  target = storage.as_path(path(workdir))
+  if target.exists():
+    return False
+  storage.write_atomic(target, to_json(config))
+  return True
+
+
+def load(workdir: str | os.PathLike) -> config_dict.ConfigDict | None:
+  """The config saved in `workdir`, or None if it has none (trained before configs were saved)."""
+  from transformer import storage
+
+  source = storage.as_path(path(workdir))
+  if not source.exists():
+    return None
+  return from_json(source.read_text())
+
+
+def get_config(workdir: str | None = None) -> config_dict.ConfigDict:
+  """The config file interface: `--config=transformer/workdir_config.py:WORKDIR`."""
+  if not workdir:
+    raise ValueError("workdir_config.py needs the workdir: --config=workdir_config.py:WORKDIR")
+  config = load(workdir)
+  if config is None:
+    raise ValueError(f"{path(workdir)} not found: pass --config, the config the run was "
+                     "trained with")
+  return config
+
+
+def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
+  if isinstance(node, config_dict.ConfigDict | dict):
+    out = {}
+    for key in node.keys():
+      out.update(_flat(node[key], f"{prefix}{key}."))
+    return out
+  return {prefix[:-1]: json.loads(json.dumps(_encode(node)))}
+
+
+def check_same(saved: config_dict.ConfigDict, config: config_dict.ConfigDict) -> None:
+  """Raises ConfigError naming the first model or data field where `config` differs from the
+  `saved` one (decoding, evaluation and program fields may differ)."""
+  from transformer.errors import ConfigError
+
+  def fixed(c: config_dict.ConfigDict) -> dict[str, Any]:
+    out = {}
+    for name in FIXED:
+      if name in c:
+        out.update(_flat(c[name], f"{name}.") if isinstance(c[name], config_dict.ConfigDict)
+                   else {name: c[name]})
+    return {k: v for k, v in out.items() if k not in FREE}
+
+  want, got = fixed(saved), fixed(config)
+  for field in sorted(set(want) | set(got)):
+    if want.get(field, "<absent>") != got.get(field, "<absent>"):
+      raise ConfigError(
+        f"{field}={got.get(field, '<absent>')!r} differs from {want.get(field, '<absent>')!r} "
+        "in the workdir's config.json: the model and its data are the training run's; drop "
+        "--config (the workdir's config is the default) or that override")
