@@ -324,3 +324,29 @@ def test_check_request_refuses_bad_flags_before_work(tmp_path):
   with pytest.raises(UserError, match="--mode=score needs --input"):
     corpus.check_request("score", 1, "jsonl", beam, None, None)
   corpus.check_request("translate", 100, "jsonl", Search(method="sample"), None, None)
+
+
+def test_the_corpus_benchmark_translates_the_same_file_with_both(workdir):
+  from benchmarks import corpus_translation
+
+  record = corpus_translation.run_benchmark(workdir, None, lines=24, rounds=1, threads=1)
+  assert record["lines"] == 24 and [r["search"] for r in record["rows"]] == ["beam 4", "greedy"]
+  for row in record["rows"]:
+    assert row["ours_sentences_per_s"] > 0 and row["ct2_sentences_per_s"] > 0
+    assert 0.0 <= row["same_lines"] <= 1.0
+  assert "ours / CTranslate2" in "\n".join(corpus_translation.report_lines(record))
+
+
+def test_noisy_pairs_misaligns_exactly_and_counts_what_the_scores_catch(workdir):
+  from experiments import noisy_pairs
+
+  pairs = [(f"s{i}", f"t{i}") for i in range(50)]
+  noisy, chosen = noisy_pairs.noisy_corpus(pairs, 0.1, seed=3)
+  assert len(chosen) == 5
+  assert [i for i, (p, q) in enumerate(zip(pairs, noisy, strict=True)) if p != q] == sorted(chosen)
+  assert all(noisy[i][0] == pairs[i][0] for i in range(50))  # sources untouched
+  assert noisy_pairs.caught([0.0, -5.0, 1.0, -4.0], {1, 2}) == 1
+
+  record = noisy_pairs.run(workdir, 40, 0.1, seed=0)
+  assert record["noisy"] == 4 and len(record["lowest"]) == 5
+  assert 0 <= record["caught_by_perplexity"] <= 4

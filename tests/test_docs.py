@@ -190,14 +190,47 @@ def flags_parser_of(module) -> object:
   raise AssertionError(f"{module.__name__}: no app.run(..., flags_parser=...) found")
 
 
+# The configs of the documented workdirs, for the commands that read their config from the
+# workdir (every mode but training, without --config): the check gives each a stand-in
+# workdir holding that config's config.json.
+WORKDIR_CONFIGS = {"runs/numbers": "configs/numbers.py", "runs/mine": "configs/text.py:en-de,small",
+                   "runs/wmt-base": "configs/wmt.py:base"}
+
+
+def with_stand_in_workdir(argv: list[str], root: str) -> list[str]:
+  """`argv` with its --workdir replaced by a stand-in holding the workdir's config.json, when
+  the command takes its config from the workdir; else `argv` unchanged."""
+  import importlib.util
+
+  from transformer import main as main_lib
+  from transformer import workdir_config
+
+  if main_lib.with_workdir_config(["main", *argv])[1:] == argv:
+    return argv
+  workdir = main_lib.flag_value(argv, "workdir")
+  if workdir not in WORKDIR_CONFIGS:
+    raise ValueError(f"--workdir={workdir}: add its config to test_docs.WORKDIR_CONFIGS")
+  path, _, arg = WORKDIR_CONFIGS[workdir].partition(":")
+  spec = importlib.util.spec_from_file_location("doc_config", os.path.join(ROOT, path))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  stand_in = os.path.join(root, workdir.replace("/", "_"))
+  os.makedirs(stand_in, exist_ok=True)
+  workdir_config.save(module.get_config(arg or None), stand_in)
+  return [a if not a.startswith("--workdir=") else f"--workdir={stand_in}" for a in argv]
+
+
 def check_commands(commands: list[tuple[str, list[str], str]]) -> list[str]:
   """Parses every (module, argv, where) with its module's flag parser, in this process; returns
   one line per command that fails. Each module's flags are removed again after its commands,
   so that the next module can define its own."""
   import contextlib
   import io
+  import tempfile
 
   from absl import flags
+
+  stand_ins = tempfile.mkdtemp(prefix="doc-workdirs-")
 
   FLAGS = flags.FLAGS
   errors = []
@@ -213,6 +246,12 @@ def check_commands(commands: list[tuple[str, list[str], str]]) -> list[str]:
       errors.append(f"{runs[0][1]}: python -m {module_name}: {type(e).__name__}: {e}")
       continue
     for argv, where in runs:
+      if module_name == "transformer.main":
+        try:
+          argv = with_stand_in_workdir(argv, stand_ins)
+        except Exception as e:  # noqa: BLE001 - reported as the documentation's error
+          errors.append(f"{where}: python -m {module_name}: {e}")
+          continue
       full = [module_name, *argv]
       for name in [n for n in FLAGS if "." in n]:  # the last command's config overrides
         delattr(FLAGS, name)

@@ -78,7 +78,7 @@ def default_workdir(config_arg: str) -> str:
   return os.path.join("runs", f"{name}-{variant}" if variant else name)
 
 
-def _flag_value(argv: list[str], name: str) -> str | None:
+def flag_value(argv: list[str], name: str) -> str | None:
   """The value of `--name=V` or `--name V` in argv (the last one), before absl parses it."""
   value = None
   for i, arg in enumerate(argv):
@@ -92,9 +92,9 @@ def _flag_value(argv: list[str], name: str) -> str | None:
 def with_workdir_config(argv: list[str]) -> list[str]:
   """argv with `--config=<workdir_config.py>:WORKDIR` added when a mode other than training
   has --workdir and no --config: the workdir's saved config is the default."""
-  mode = _flag_value(argv, "mode") or "train"
-  workdir = _flag_value(argv, "workdir")
-  if mode == "train" or workdir is None or _flag_value(argv, "config") is not None:
+  mode = flag_value(argv, "mode") or "train"
+  workdir = flag_value(argv, "workdir")
+  if mode == "train" or workdir is None or flag_value(argv, "config") is not None:
     return argv
   return [argv[0], f"--config={workdir_config.__file__}:{workdir}", *argv[1:]]
 

@@ -1,0 +1,1 @@
+"""Speed and memory benchmarks: each a command (`python -m benchmarks.NAME`) over the library."""

@@ -1,0 +1,162 @@
+"""Translating a whole file: `--mode=translate` against CTranslate2 on the same exported model.
+
+What a user would otherwise do with a trained workdir is export it (`--mode=export
+--format=ctranslate2`) and run CTranslate2's `translate_file` over the corpus. Both translate
+the same file of `--lines` sentences into a file, in one process, alternating round by round
+(best of `--rounds`), at beam 4 and greedy: ours through `corpus.translate_corpus` (reading in
+chunks, tokenizing, sorting, batching over the mesh, writing), CTranslate2 with the same
+SentencePiece model, `decode.batch_size` sentences per batch, float32 and the same threads.
+The first run of ours (compiling one program per padded length) is reported apart. The
+fraction of identical output lines says how alike the searches are (their length penalties
+differ: docs/decoding.md).
+
+    python -m benchmarks.corpus_translation --workdir=runs/numbers
+
+Without `--input`, the file is `--lines` English sources of the numbers corpus's test split
+(the default task's model); with it, any text file the workdir's model translates.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from typing import Any
+
+from transformer import corpus, infer, workdir_config
+from transformer.errors import UserError
+
+SEARCHES = {"beam 4": {"method": "beam", "beam_size": 4}, "greedy": {"method": "greedy"}}
+
+
+def write_numbers_input(path: str, lines: int) -> None:
+  """`lines` English sources of the numbers corpus's test split, one per line."""
+  from transformer.data import numbers as nb
+
+  with open(path, "w") as f:
+    f.writelines(source + "\n" for source, _ in nb.generate("test", lines))
+
+
+def ours(model: Any, config: Any, input_path: str, output_path: str) -> float:
+  """Seconds to translate `input_path` into `output_path` with `corpus.translate_corpus`."""
+  if os.path.exists(output_path):
+    os.remove(output_path)
+  start = time.perf_counter()
+  corpus.translate_corpus(corpus.CorpusRun(model, input_path, output_path, {"run": "bench"}),
+                          config, 1, "text")
+  return time.perf_counter() - start
+
+
+def ctranslate2_file(model_dir: str, spm_path: str, input_path: str, output_path: str, *,
+                     beam_size: int, alpha: float, batch_size: int, max_len: int,
+                     threads: int) -> float:
+  """Seconds for CTranslate2's `translate_file` (loading the model excluded)."""
+  import ctranslate2
+  import sentencepiece
+
+  sp = sentencepiece.SentencePieceProcessor(model_file=spm_path)
+  translator = ctranslate2.Translator(model_dir, device="cpu", compute_type="float32",
+                                     inter_threads=1, intra_threads=threads)
+  start = time.perf_counter()
+  translator.translate_file(
+    input_path, output_path, max_batch_size=batch_size, batch_type="examples",
+    beam_size=beam_size, length_penalty=alpha, min_decoding_length=0,
+    max_decoding_length=max_len,
+    source_tokenize_fn=lambda line: sp.encode(line.strip(), out_type=str),
+    target_detokenize_fn=lambda pieces: sp.decode(pieces))
+  return time.perf_counter() - start
+
+
+def same_lines(a: str, b: str) -> float:
+  with open(a) as f, open(b) as g:
+    x, y = f.read().splitlines(), g.read().splitlines()
+  return sum(p == q for p, q in zip(x, y, strict=True)) / max(len(x), 1)
+
+
+def run_benchmark(workdir: str, input_path: str | None, lines: int, rounds: int,
+                  threads: int, searches: dict[str, dict[str, Any]] = SEARCHES
+                  ) -> dict[str, Any]:
+  """Times both over the same file per search; returns the record for the report."""
+  from transformer import export
+
+  if workdir_config.load(workdir) is None:
+    raise UserError(f"--workdir={workdir}: no config.json; train it first")
+  scratch = tempfile.mkdtemp(prefix="corpus-bench-")
+  if input_path is None:
+    input_path = os.path.join(scratch, "input.txt")
+    write_numbers_input(input_path, lines)
+  count = corpus.count_lines(input_path)
+  record: dict[str, Any] = {"lines": count, "rounds": rounds, "threads": threads, "rows": []}
+  exported = None
+  for name, fields in searches.items():
+    config = workdir_config.load(workdir)
+    with config.unlocked():
+      for k, v in fields.items():
+        config.decode[k] = v
+      config.decode.chunk_size = max(count, 1)
+    model = infer.restore(config, workdir)
+    if exported is None:
+      exported = export.export_restored(model, os.path.join(scratch, "ct2"))
+    ours_out, ct2_out = (os.path.join(scratch, f"{who}.txt") for who in ("ours", "ct2"))
+    first = ours(model, config, input_path, ours_out)
+    times: dict[str, list[float]] = {"ours": [], "ct2": []}
+    for _ in range(rounds):
+      times["ours"].append(ours(model, config, input_path, ours_out))
+      times["ct2"].append(ctranslate2_file(
+        exported, os.path.join(exported, "spm.model"), input_path, ct2_out,
+        beam_size=model.translator.search.beam_size if fields["method"] == "beam" else 1,
+        alpha=model.translator.search.alpha, batch_size=int(config.decode.batch_size),
+        max_len=config.model.max_len, threads=threads))
+    best = {k: min(v) for k, v in times.items()}
+    record["rows"].append({
+      "search": name, "ours_first_s": first, "ours_s": best["ours"], "ct2_s": best["ct2"],
+      "ours_sentences_per_s": count / best["ours"], "ct2_sentences_per_s": count / best["ct2"],
+      "ratio": best["ct2"] / best["ours"], "same_lines": same_lines(ours_out, ct2_out),
+      "times": times})
+  record["parameters"] = model.label
+  return record
+
+
+def report_lines(record: dict[str, Any]) -> list[str]:
+  rows = ["| search | ours (sentences/s) | CTranslate2 (sentences/s) | ours / CTranslate2 | "
+          "ours, first run (s) | identical lines |", "|---|---:|---:|---:|---:|---:|"]
+  for r in record["rows"]:
+    rows.append(f"| {r['search']} | {r['ours_sentences_per_s']:.1f} | "
+                f"{r['ct2_sentences_per_s']:.1f} | **{r['ratio']:.2f}x** | "
+                f"{r['ours_first_s']:.1f} | {100 * r['same_lines']:.1f}% |")
+  return ["## Results\n",
+          f"{record['lines']:,} lines, best of {record['rounds']} rounds, "
+          f"{record['threads']} threads each, parameters of {record['parameters']}.\n",
+          "\n".join(rows) + "\n"]
+
+
+if __name__ == "__main__":
+  from absl import app, flags
+
+  from experiments import report
+  from transformer.errors import fail, parse_flags
+
+  _WORKDIR = flags.DEFINE_string("workdir", "runs/numbers", "A trained workdir.")
+  _INPUT = flags.DEFINE_string("input", None, "A file to translate (default: --lines "
+                               "numbers sentences).")
+  _LINES = flags.DEFINE_integer("lines", 20000, "Sentences of the generated input.")
+  _ROUNDS = flags.DEFINE_integer("rounds", 2, "Timed rounds of each (the best counts).")
+  _THREADS = flags.DEFINE_integer("threads", os.cpu_count() or 1, "CTranslate2's threads.")
+  _OUT = flags.DEFINE_string("out", "benchmarks/results/corpus_translation",
+                             "Report path without extension (.md and .json are written).")
+
+  def main(argv: list[str]) -> None:
+    del argv
+    try:
+      record = run_benchmark(_WORKDIR.value, _INPUT.value, _LINES.value, _ROUNDS.value,
+                             _THREADS.value)
+    except UserError as e:
+      fail(str(e))
+    record["hardware"] = report.hardware()
+    report.write_json(_OUT.value + ".json", record)
+    report.write_markdown(
+      _OUT.value + ".md", "Translating a corpus: ours against CTranslate2", __doc__.split(
+        "\n\n")[1], report.command_line(), report_lines(record))
+    print("\n".join(report_lines(record)))
+
+  app.run(main, flags_parser=parse_flags)
