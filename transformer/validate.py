@@ -339,13 +339,6 @@ def _lookup(config: Any, field: str) -> Any:
   return node
 
 
-def _get(config: Any, field: str) -> Any:
-  value = _lookup(config, field)
-  if value is _MISSING:
-    raise ConfigError(f"{field}: missing from the config")
-  return value
-
-
 def check_field(field: str, check: Check, value: Any) -> None:
   """Raises ConfigError naming `field` unless `check` accepts `value`."""
   if check.entries is not None and hasattr(value, "keys"):
@@ -389,11 +382,11 @@ def validate(config: Any, num_devices: int) -> ModelConfig:
   check_fields(config, FIELDS)
   mc = model_config(config)
   _check_corpus(config)
-  longest = _check_lengths(config, mc)
-  _check_training(config, longest)
+  train_row, eval_row = _check_lengths(config, mc)
+  _check_batches(config, train_row, eval_row)
   _check_decoding(config, mc)
   dp, fsdp, tensor = _check_mesh(config, mc, num_devices)
-  _check_memory(config, mc, longest, dp * fsdp, fsdp * tensor, tensor)
+  _check_memory(config, mc, train_row, eval_row, dp * fsdp, fsdp * tensor, tensor)
   return mc
 
 
@@ -405,9 +398,9 @@ def _check_corpus(config: Any) -> None:
                         "(configs/text.py documents the fields)")
 
 
-def _check_lengths(config: Any, mc: ModelConfig) -> int:
-  """Lengths against each other and the model's positions; returns the longest row a batch
-  can have (both sides)."""
+def _check_lengths(config: Any, mc: ModelConfig) -> tuple[int, int]:
+  """Lengths against each other and the model's positions; returns the longest row of a
+  training batch and of an evaluation batch (which is never packed)."""
   data = config.data
   if data.vocab_size != mc.vocab_size:
     raise ConfigError(
@@ -431,7 +424,7 @@ def _check_lengths(config: Any, mc: ModelConfig) -> int:
       f"data.max_source_len + decode.max_extra_len ({max_src + extra})"
     )
   if not data.packing:
-    return buckets[-1]
+    return buckets[-1], buckets[-1]
   if mc.kind != "transformer":
     raise ConfigError(f"data.packing=True: model.kind={mc.kind!r} does not take packed rows; "
                       "use model.kind='transformer' or data.packing=False")
@@ -442,28 +435,29 @@ def _check_lengths(config: Any, mc: ModelConfig) -> int:
     # Positions restart in every segment, so a row needs only a table as long as itself.
     if length > mc.max_len:
       raise ConfigError(f"{field}={length}: must be <= model.max_len={mc.max_len} when packing")
-  return max(lengths.values())
+  return max(lengths.values()), buckets[-1]
 
 
-def _check_training(config: Any, longest: int) -> None:
+def _check_batches(config: Any, train_row: int, eval_row: int) -> None:
   if config.average_last_checkpoints > config.keep_checkpoints:
     raise ConfigError(
       f"average_last_checkpoints={config.average_last_checkpoints}: must be <= "
       f"keep_checkpoints={config.keep_checkpoints}"
     )
-  # Each micro-batch gets rows of its own, also in a batch of the longest rows.
-  rows = max(1, config.data.tokens_per_batch // longest)
+  # Each micro-batch gets rows of its own, also in a batch of the longest rows (a packed
+  # target length 'auto' is not known yet: the source length stands in for it).
+  rows = max(1, config.data.tokens_per_batch // train_row)
   if config.grad_accum_steps > rows:
     raise ConfigError(
       f"grad_accum_steps={config.grad_accum_steps}: must be <= {rows}, the rows of a batch of "
-      f"{longest} tokens a row (data.tokens_per_batch={config.data.tokens_per_batch}), so that "
-      "every micro-batch has a row"
+      f"{train_row} tokens a row (data.tokens_per_batch={config.data.tokens_per_batch}), so "
+      "that every micro-batch has a row"
     )
-  tokens = config.data.eval_batch_size * longest
+  tokens = config.data.eval_batch_size * eval_row
   if tokens > MAX_TOKENS:
     raise ConfigError(
-      f"data.eval_batch_size={config.data.eval_batch_size}: rows of up to {longest} tokens make "
-      f"{tokens:,} tokens a batch; must be at most {MAX_TOKENS:,}"
+      f"data.eval_batch_size={config.data.eval_batch_size}: rows of up to {eval_row} tokens "
+      f"make {tokens:,} tokens a batch; must be at most {MAX_TOKENS:,}"
     )
 
 
@@ -521,10 +515,11 @@ def device_bytes(mc: ModelConfig, tokens: int, batch_devices: int, param_devices
   return 16 * params // param_devices + logits
 
 
-def _check_memory(config: Any, mc: ModelConfig, longest: int, batch_devices: int,
-                  param_devices: int, tensor: int) -> None:
-  tokens = max(config.data.tokens_per_batch // config.grad_accum_steps,
-               config.data.eval_batch_size * longest)
+def _check_memory(config: Any, mc: ModelConfig, train_row: int, eval_row: int,
+                  batch_devices: int, param_devices: int, tensor: int) -> None:
+  # A micro-batch holds whole rows: at least one.
+  micro = max(config.data.tokens_per_batch // config.grad_accum_steps, train_row)
+  tokens = max(micro, config.data.eval_batch_size * eval_row)
   need = device_bytes(mc, tokens, batch_devices, param_devices, tensor)
   if need > MAX_DEVICE_BYTES:
     raise ConfigError(
