@@ -1,15 +1,29 @@
 """Validation of a whole config before any work: every failure is a one-line ConfigError that
-names the field and says what would be valid."""
+names the field and says what would be valid.
+
+Every field has one row in the tables below (`FIELDS`, `MODEL_FIELDS`): its type, its range,
+and for paths and names what they must be. `validate` checks each row, then what depends on
+several fields: lengths against the model's positions, sizes against each other and against
+what a run can allocate, the mesh against the devices.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import os
+import re
+import tempfile
+from collections.abc import Callable
 from typing import Any
 
+from transformer import attention as attn_lib
+from transformer import dropout as dropout_lib
 from transformer import profiling
 from transformer import sharding as sharding_lib
 from transformer.data.input_pipeline import BUCKET_MULTIPLE
 from transformer.errors import ConfigError
-from transformer.model import ModelConfig
+from transformer.model import DTYPES, POSITIONAL, REMAT_POLICIES, ModelConfig
 from transformer.model_family import KINDS
 from transformer.translate import METHODS
 
@@ -17,37 +31,345 @@ from transformer.translate import METHODS
 # is opened, transformer/data/corpora.py).
 DATASETS = ("numbers", "wmt14", "text")
 NONFINITE = ("skip", "stop")
+NUMBERS_VARIANTS = ("default", "tiny")  # the builder configs of data/numbers.py
+AUTO = "auto"
+
+# Upper limits of sizes: far above any run this code is meant for, so that only a typo or a
+# wrong unit meets them, and low enough that what they size can be allocated.
+MAX_TOKENS = 2**24  # tokens of one batch: training (per side), evaluation, decoding
+MAX_LEN = 2**16  # positions of a sequence: model.max_len and every length limit
+MAX_VOCAB = 2**20
+MAX_WIDTH = 2**16  # model.d_model, model.d_kv, model.num_heads
+MAX_FF = 2**18  # model.d_ff
+MAX_LAYERS = 2**10
+MAX_STEPS = 2**31 - 1  # the train state's step counter is an int32
+MAX_COUNT = 2**31 - 1  # sentences, pairs, checkpoints
+MAX_SEED = 2**32 - 1  # SentencePiece takes a 32-bit seed
+# float32 logits divided by the temperature stay finite, and sampling stays a distribution.
+MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-6, 1e6
+# One device's share of the parameters, their gradients and Adam's two moments, and of one
+# micro-batch's logits (`device_bytes`, an estimate): no accelerator holds 1 TiB.
+MAX_DEVICE_BYTES = 2**40
+
+# TFDS names: builder[/config][:version], e.g. 'wmt14_translate/fr-en', 'para_crawl/ende:1.2.0'.
+TFDS_NAME = re.compile(r"[A-Za-z_]\w*(/[\w.+-]+)?(:(\d+|\*)\.(\d+|\*)\.(\d+|\*))?")
+# TFDS split strings: 'train', 'train[:10%]', 'train[5000:]', 'train[:1shard]', joined by '+'.
+_BOUND = r"-?\d+(\.\d+)?(%|shard)?"
+_TERM = rf"[\w-]+(\[({_BOUND}:({_BOUND})?|:{_BOUND}|\d+shard)\])?"
+SPLIT = re.compile(rf"\s*{_TERM}(\s*\+\s*{_TERM})*\s*")
+LANGUAGE = re.compile(r"[\w-]+")
+
+_MISSING = object()
 
 
-def _int(config: Any, field: str, minimum: int = 0) -> int:
-  value = _get(config, field)
-  if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-    raise ConfigError(f"{field}={value!r}: must be an integer >= {minimum}")
-  return value
+@dataclasses.dataclass(frozen=True)
+class Check:
+  """What a field accepts: `problem(value)` is None for a value it accepts, else the rest of the
+  error line (e.g. 'must be an integer from 1 to 8')."""
+
+  problem: Callable[[Any], str | None]
+  # The field may be missing from a config (one written before the field existed).
+  optional: bool = False
+  # For a field that may be a mapping (language -> path): the check of each of its entries.
+  entries: Check | None = None
 
 
-def _float(config: Any, field: str, lo: float, hi: float, hi_open: bool = False) -> float:
-  value = _get(config, field)
+def _is_int(value: Any) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
   if isinstance(value, bool) or not isinstance(value, int | float):
-    raise ConfigError(f"{field}={value!r}: must be a number")
-  if value < lo or value > hi or (hi_open and value == hi):
-    raise ConfigError(f"{field}={value!r}: must be in [{lo}, {hi}{')' if hi_open else ']'}")
-  return float(value)
+    return False
+  return isinstance(value, int) or math.isfinite(value)
 
 
-def _get(config: Any, field: str) -> Any:
+def _accepting(ok: Callable[[Any], bool], accepts: str) -> Callable[[Any], str | None]:
+  return lambda value: None if ok(value) else f"must be {accepts}"
+
+
+def integer(lo: int, hi: int, note: str = "", optional: bool = False) -> Check:
+  """An int (not a bool) in [lo, hi]."""
+  return Check(_accepting(lambda v: _is_int(v) and lo <= v <= hi,
+                          f"an integer from {lo:,} to {hi:,}{note}"), optional)
+
+
+def number(lo: float, hi: float, *, lo_open: bool = False, hi_open: bool = False,
+           optional: bool = False) -> Check:
+  """A finite int or float (not a bool) in the interval from lo to hi."""
+
+  def ok(v: Any) -> bool:
+    return (_is_number(v) and (lo < v if lo_open else lo <= v)
+            and (v < hi if hi_open else v <= hi))
+
+  interval = f"{'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
+  return Check(_accepting(ok, f"a finite number in {interval}"), optional)
+
+
+def flag(optional: bool = False) -> Check:
+  return Check(_accepting(lambda v: isinstance(v, bool), "True or False"), optional)
+
+
+def choice(options: tuple[Any, ...], optional: bool = False) -> Check:
+  """One of `options`, of the same type (8.0 is not 8, True is not 1)."""
+  ok = lambda v: any(type(v) is type(o) and v == o for o in options)  # noqa: E731
+  return Check(_accepting(ok, f"one of {', '.join(repr(o) for o in options)}"), optional)
+
+
+def text(pattern: re.Pattern[str] | None, accepts: str, optional: bool = False) -> Check:
+  """A string (matching `pattern` if given; else any without a line break)."""
+
+  def ok(v: Any) -> bool:
+    if not isinstance(v, str):
+      return False
+    return bool(pattern.fullmatch(v)) if pattern else "\n" not in v
+
+  return Check(_accepting(ok, accepts), optional)
+
+
+def directory(what: str, optional: bool = True) -> Check:
+  """None or '' (the default), a gs:// URL, or a local directory that exists or can be
+  created."""
+
+  def problem(v: Any) -> str | None:
+    if v is None or v == "":
+      return None
+    why = directory_problem(v) if isinstance(v, str) else "not a path"
+    if why is None:
+      return None
+    return f"must be {what} that exists or can be created, or unset ({why})"
+
+  return Check(problem, optional)
+
+
+def directory_problem(path: str) -> str | None:
+  """Why the local `path` is not a directory that exists or can be created; None if it is.
+
+  An object-store URL (`gs://...`) is left to the first access. A missing directory is tried by
+  creating (and removing) a directory in its nearest existing parent: as root, permissions
+  alone do not tell that /proc refuses one.
+  """
+  if "://" in path:
+    return None
+  try:
+    full = os.path.abspath(os.path.expanduser(path))
+    if os.path.isdir(full):
+      return None
+    if os.path.lexists(full):
+      return "it exists and is not a directory"
+    parent = os.path.dirname(full)
+    while not os.path.lexists(parent):
+      parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+      return f"{parent} is not a directory"
+    os.rmdir(tempfile.mkdtemp(prefix=".config-check-", dir=parent))
+  except (OSError, ValueError) as e:  # ValueError: a NUL byte in the path
+    return f"cannot create it: {getattr(e, 'strerror', None) or e}"
+  return None
+
+
+def _buckets_problem(v: Any) -> str | None:
+  if v == AUTO:
+    return None
+  if (not isinstance(v, list | tuple) or not v
+      or not all(_is_int(b) and 2 <= b <= MAX_LEN for b in v) or list(v) != sorted(set(v))):
+    return f"must be {AUTO!r} or increasing integers from 2 to {MAX_LEN:,}"
+  return None
+
+
+def _packed_target_problem(v: Any) -> str | None:
+  if v == AUTO or (_is_int(v) and 2 <= v <= MAX_LEN):
+    return None
+  return f"must be {AUTO!r} or an integer from 2 to {MAX_LEN:,}"
+
+
+def _profile_problem(v: Any) -> str | None:
+  if not isinstance(v, str):
+    return "must be 'FIRST:LAST', two step numbers, e.g. '200:205' ('' for none)"
+  try:
+    profiling.parse_steps(v)
+  except ValueError as e:
+    return str(e)
+  return None
+
+
+def _axis_rules_problem(v: Any) -> str | None:
+  def mesh_axes(axes: Any) -> bool:
+    if axes is None or axes in sharding_lib.MESH_AXES:
+      return True
+    return isinstance(axes, list | tuple) and all(a in sharding_lib.MESH_AXES for a in axes)
+
+  if isinstance(v, list | tuple) and all(
+      isinstance(r, list | tuple) and len(r) == 2 and isinstance(r[0], str) and mesh_axes(r[1])
+      for r in v):
+    return None
+  return (f"must be a list of (logical axis, mesh axes) pairs, the mesh axes None, one of "
+          f"{', '.join(sharding_lib.MESH_AXES)} or a tuple of them")
+
+
+_MESH_AXIS = Check(_accepting(lambda v: _is_int(v) and (v == -1 or 1 <= v <= MAX_COUNT),
+                              "-1 (the remaining devices) or a number of devices"))
+
+# The split files of dataset='text': one TSV path, or a mapping language -> path.
+_FILES = Check(
+  _accepting(lambda v: v is None or (isinstance(v, str) and "\n" not in v),
+             "a file path (a TSV file), a mapping language -> path, or unset"),
+  optional=True,
+  entries=Check(_accepting(lambda v: v is None or (isinstance(v, str) and "\n" not in v),
+                           "a file path, or unset")),
+)
+
+
+# Every field of ModelConfig (transformer/model.py); `model_config` checks these.
+MODEL_FIELDS: dict[str, Check] = {
+  "model.vocab_size": integer(1, MAX_VOCAB, optional=True),
+  "model.num_layers": integer(1, MAX_LAYERS, optional=True),
+  "model.d_model": integer(1, MAX_WIDTH, optional=True),
+  "model.d_ff": integer(1, MAX_FF, optional=True),
+  "model.num_heads": integer(1, MAX_WIDTH, optional=True),
+  "model.d_kv": integer(0, MAX_WIDTH, " (0: d_model / num_heads)", optional=True),
+  "model.dropout_rate": number(0, 1, hi_open=True, optional=True),
+  "model.attention_dropout_rate": number(0, 1, hi_open=True, optional=True),
+  "model.dropout_mask_bits": choice(dropout_lib.MASK_BITS, optional=True),
+  "model.max_len": integer(1, MAX_LEN, optional=True),
+  "model.positional": choice(POSITIONAL, optional=True),
+  "model.share_embeddings": flag(optional=True),
+  "model.pre_layer_norm": flag(optional=True),
+  "model.dtype": choice(DTYPES, optional=True),
+  "model.attention": choice(attn_lib.IMPLEMENTATIONS, optional=True),
+  "model.attention_chunk_size": integer(1, MAX_LEN, optional=True),
+  "model.scan_layers": flag(optional=True),
+  "model.remat": choice(REMAT_POLICIES, optional=True),
+  "model.kind": choice(KINDS, optional=True),
+  "model.lstm_attention": flag(optional=True),
+}
+
+# Every other field of configs/common.py (and of configs/text.py). Optional fields are those
+# the code reads with a default.
+FIELDS: dict[str, Check] = {
+  # The run and its corpus.
+  "name": text(None, "a string", optional=True),
+  "dataset": text(
+    TFDS_NAME, f"one of {', '.join(DATASETS)}, or a TFDS builder name NAME[/CONFIG][:VERSION] "
+    "such as 'wmt14_translate/fr-en'"),
+  "data_dir": directory("a TFDS data directory"),
+  "seed": integer(0, MAX_SEED),
+  "data.source_lang": text(LANGUAGE, "a language code such as 'en'"),
+  "data.target_lang": text(LANGUAGE, "a language code such as 'de'"),
+  "data.train_split": text(SPLIT, "a TFDS split such as 'train' or 'train[:10%]'", True),
+  "data.eval_split": text(SPLIT, "a TFDS split such as 'validation' or 'train[:500]'", True),
+  "data.test_split": text(SPLIT, "a TFDS split such as 'test' or 'train[500:1000]'", True),
+  "data.train_files": _FILES,
+  "data.eval_files": _FILES,
+  "data.test_files": _FILES,
+  "data.heldout_pairs": integer(1, MAX_COUNT, optional=True),
+  "data.numbers_variant": choice(NUMBERS_VARIANTS, optional=True),
+  "data.download": flag(optional=True),
+  "data.cache_dir": directory("a directory for the token cache"),
+  # Vocabulary, lengths and batches.
+  "data.vocab_size": integer(8, MAX_VOCAB),
+  "data.spm_train_sentences": integer(1, MAX_COUNT),
+  "data.max_source_len": integer(2, MAX_LEN),
+  "data.max_target_len": integer(2, MAX_LEN),
+  "data.tokens_per_batch": integer(1, MAX_TOKENS),
+  "data.bucket_lengths": Check(_buckets_problem),
+  "data.eval_batch_size": integer(1, MAX_TOKENS),
+  "data.packing": flag(),
+  "data.packed_source_len": integer(2, MAX_LEN),
+  "data.packed_target_len": Check(_packed_target_problem),
+  **MODEL_FIELDS,
+  # Training.
+  "label_smoothing": number(0, 1, hi_open=True),
+  "grad_accum_steps": integer(1, MAX_TOKENS),
+  "optimizer.b1": number(0, 1, hi_open=True),
+  "optimizer.b2": number(0, 1, hi_open=True),
+  "optimizer.eps": number(0, 1),
+  "optimizer.warmup_steps": integer(1, MAX_STEPS),
+  "optimizer.learning_rate_scale": number(0, 3e38),
+  "optimizer.grad_clip_norm": number(0, 1e12),
+  "num_train_steps": integer(0, MAX_STEPS),
+  "log_every_steps": integer(1, MAX_STEPS),
+  "eval_every_steps": integer(1, MAX_STEPS),
+  "bleu_every_steps": integer(0, MAX_STEPS, " (0: at the end only)"),
+  "checkpoint_every_steps": integer(1, MAX_STEPS),
+  "keep_checkpoints": integer(1, MAX_COUNT),
+  "average_last_checkpoints": integer(0, MAX_COUNT),
+  "eval_bleu_sentences": integer(0, MAX_COUNT, " (0: all)"),
+  "num_samples_to_print": integer(0, MAX_COUNT),
+  "nonfinite": choice(NONFINITE),
+  "max_consecutive_nonfinite": integer(1, MAX_COUNT),
+  # Decoding.
+  "decode.method": choice(METHODS, optional=True),
+  "decode.beam_size": integer(1, MAX_VOCAB),
+  "decode.alpha": number(0, 100),
+  "decode.max_extra_len": integer(0, MAX_LEN),
+  "decode.batch_size": integer(1, MAX_TOKENS),
+  "decode.tokens_per_batch": integer(1, MAX_TOKENS, optional=True),
+  "decode.temperature": number(MIN_TEMPERATURE, MAX_TEMPERATURE, optional=True),
+  "decode.top_k": integer(0, MAX_VOCAB, " (0: all)", optional=True),
+  "decode.top_p": number(0, 1, lo_open=True, optional=True),
+  "decode.seed": integer(0, MAX_SEED, optional=True),
+  "decode.chunk_size": integer(1, MAX_TOKENS, optional=True),
+  # The system.
+  "compilation_cache_dir": Check(_accepting(
+    lambda v: v is None or (isinstance(v, str) and "\n" not in v),
+    "a directory, or '' for none (unset: the default)")),
+  "profile_steps": Check(_profile_problem),
+  "mesh.data": _MESH_AXIS,
+  "mesh.fsdp": _MESH_AXIS,
+  "mesh.tensor": _MESH_AXIS,
+  "logical_axis_rules": Check(_axis_rules_problem, optional=True),
+}
+
+
+def _show(value: Any) -> str:
+  """`value` as one short line for a message."""
+  if hasattr(value, "to_dict"):
+    value = value.to_dict()
+  shown = " ".join(repr(value).split())
+  return shown if len(shown) <= 80 else shown[:77] + "..."
+
+
+def _lookup(config: Any, field: str) -> Any:
   node = config
   for part in field.split("."):
-    if part not in node:
-      raise ConfigError(f"{field}: missing from the config")
+    if not hasattr(node, "keys") or part not in node:
+      return _MISSING
     node = node[part]
   return node
 
 
+def check_field(field: str, check: Check, value: Any) -> None:
+  """Raises ConfigError naming `field` unless `check` accepts `value`."""
+  if check.entries is not None and hasattr(value, "keys"):
+    for key in value.keys():
+      check_field(f"{field}.{key}", check.entries, value[key])
+    return
+  problem = check.problem(value)
+  if problem is not None:
+    raise ConfigError(f"{field}={_show(value)}: {problem}")
+
+
+def check_fields(config: Any, fields: dict[str, Check]) -> None:
+  """Checks every field of `fields` that the config has; a missing one that is not optional is
+  an error."""
+  for field, check in fields.items():
+    value = _lookup(config, field)
+    if value is _MISSING:
+      if not check.optional:
+        raise ConfigError(f"{field}: missing from the config")
+      continue
+    check_field(field, check, value)
+
+
 def model_config(config: Any) -> ModelConfig:
-  """ModelConfig(**config.model), with its ValueErrors as ConfigErrors."""
+  """ModelConfig(**config.model) after checking its fields; every failure a ConfigError."""
+  check_fields(config, MODEL_FIELDS)
+  model = _lookup(config, "model")
+  if model is _MISSING or not hasattr(model, "keys"):
+    raise ConfigError("model: missing from the config")
   try:
-    return ModelConfig(**config.model)
+    return ModelConfig(**model)
   except TypeError as e:
     raise ConfigError(f"model: {e}") from None
   except ValueError as e:
@@ -55,122 +377,118 @@ def model_config(config: Any) -> ModelConfig:
 
 
 def validate(config: Any, num_devices: int) -> ModelConfig:
-  """Checks every field; returns the model config. Raises ConfigError (one line)."""
-  dataset = _get(config, "dataset")
-  if not isinstance(dataset, str) or not dataset.strip():
-    raise ConfigError(f"dataset={dataset!r}: must be one of {', '.join(DATASETS)} or a TFDS "
-                      "builder name such as 'wmt14_translate/fr-en'")
-  for field in ("data.source_lang", "data.target_lang", "data.train_split", "data.eval_split",
-                "data.test_split"):
-    value = config.data.get(field[len("data."):], "-")
-    if not isinstance(value, str) or not value.strip():
-      raise ConfigError(f"{field}={value!r}: must be a non-empty string")
-  if dataset == "text":
+  """Checks every field, then the fields against each other and the devices; returns the
+  model config. Raises ConfigError (one line naming the field)."""
+  check_fields(config, FIELDS)
+  mc = model_config(config)
+  _check_corpus(config)
+  train_row, eval_row = _check_lengths(config, mc)
+  _check_batches(config, train_row, eval_row)
+  _check_decoding(config, mc)
+  dp, fsdp, tensor = _check_mesh(config, mc, num_devices)
+  _check_memory(config, mc, train_row, eval_row, dp * fsdp, fsdp * tensor, tensor)
+  return mc
+
+
+def _check_corpus(config: Any) -> None:
+  if config.dataset == "text":
     files = config.data.get("train_files")
     if not (files if isinstance(files, str | None) else any(dict(files).values())):
       raise ConfigError("data.train_files: not set; dataset='text' trains on your own files "
                         "(configs/text.py documents the fields)")
-    _int(config, "data.heldout_pairs", 1)
-  mc = model_config(config)
-  if mc.kind not in KINDS:
-    raise ConfigError(f"model.kind={mc.kind!r}: must be one of {', '.join(KINDS)}")
 
-  _int(config, "seed")
-  vocab = _int(config, "data.vocab_size", 8)
-  if vocab != mc.vocab_size:
+
+def _check_lengths(config: Any, mc: ModelConfig) -> tuple[int, int]:
+  """Lengths against each other and the model's positions; returns the longest row of a
+  training batch and of an evaluation batch (which is never packed)."""
+  data = config.data
+  if data.vocab_size != mc.vocab_size:
     raise ConfigError(
-      f"model.vocab_size={mc.vocab_size} differs from data.vocab_size={vocab}: set both"
+      f"model.vocab_size={mc.vocab_size} differs from data.vocab_size={data.vocab_size}: set both"
     )
-  _int(config, "data.spm_train_sentences", 1)
-  max_src = _int(config, "data.max_source_len", 2)
-  max_tgt = _int(config, "data.max_target_len", 2)
-  buckets = _get(config, "data.bucket_lengths")
-  if buckets == "auto":
+  max_src, max_tgt = data.max_source_len, data.max_target_len
+  buckets = data.bucket_lengths
+  if buckets == AUTO:
     # Derived from the training split (input_pipeline.derive_buckets): at most the length
     # limit rounded up to a multiple of BUCKET_MULTIPLE.
     buckets = [-(-max(max_src, max_tgt) // BUCKET_MULTIPLE) * BUCKET_MULTIPLE]
-  elif (isinstance(buckets, str | bool | int | float) or not buckets
-        or any(isinstance(b, bool) or not isinstance(b, int) or b < 2 for b in buckets)
-        or list(buckets) != sorted(set(buckets))):
-    raise ConfigError(
-      f"data.bucket_lengths={buckets!r}: must be 'auto' or increasing integers >= 2"
-    )
   elif buckets[-1] < max(max_src, max_tgt):
     raise ConfigError(
       f"data.bucket_lengths: the largest ({buckets[-1]}) must be >= max(data.max_source_len, "
       f"data.max_target_len) = {max(max_src, max_tgt)}"
     )
-  extra = _int(config, "decode.max_extra_len")
+  extra = config.decode.max_extra_len
   if mc.max_len < buckets[-1] or mc.max_len < max_src + extra:
     raise ConfigError(
       f"model.max_len={mc.max_len}: must be >= the largest bucket ({buckets[-1]}) and >= "
       f"data.max_source_len + decode.max_extra_len ({max_src + extra})"
     )
-  _int(config, "data.eval_batch_size", 1)
-  packing = _get(config, "data.packing")
-  if not isinstance(packing, bool):
-    raise ConfigError(f"data.packing={packing!r}: must be True or False")
-  for field in ("data.packed_source_len", "data.packed_target_len"):
-    if field == "data.packed_target_len" and _get(config, field) == "auto":
-      continue  # the source rows' length scaled by the corpus (packing.packed_target_len)
-    length = _int(config, field, 2)
-    # Positions restart in every segment, so a row needs only a table as long as itself.
-    if packing and length > mc.max_len:
-      raise ConfigError(f"{field}={length}: must be <= model.max_len={mc.max_len} when packing")
-  if packing and mc.kind != "transformer":
+  if not data.packing:
+    return buckets[-1], buckets[-1]
+  if mc.kind != "transformer":
     raise ConfigError(f"data.packing=True: model.kind={mc.kind!r} does not take packed rows; "
                       "use model.kind='transformer' or data.packing=False")
+  lengths = {"data.packed_source_len": data.packed_source_len}
+  if data.packed_target_len != AUTO:
+    lengths["data.packed_target_len"] = data.packed_target_len
+  for field, length in lengths.items():
+    # Positions restart in every segment, so a row needs only a table as long as itself.
+    if length > mc.max_len:
+      raise ConfigError(f"{field}={length}: must be <= model.max_len={mc.max_len} when packing")
+  return max(lengths.values()), buckets[-1]
 
-  _float(config, "label_smoothing", 0.0, 1.0, hi_open=True)
-  _float(config, "optimizer.b1", 0.0, 1.0, hi_open=True)
-  _float(config, "optimizer.b2", 0.0, 1.0, hi_open=True)
-  _float(config, "optimizer.eps", 0.0, 1.0)
-  _int(config, "optimizer.warmup_steps", 1)
-  _float(config, "optimizer.learning_rate_scale", 0.0, 3e38)
-  _float(config, "optimizer.grad_clip_norm", 0.0, 1e12)
 
-  _int(config, "num_train_steps", 0)
-  for field in ("log_every_steps", "eval_every_steps", "checkpoint_every_steps"):
-    _int(config, field, 1)
-  _int(config, "bleu_every_steps", 0)
-  _int(config, "keep_checkpoints", 1)
-  avg = _int(config, "average_last_checkpoints", 0)
-  if avg > config.keep_checkpoints:
+def _check_batches(config: Any, train_row: int, eval_row: int) -> None:
+  if config.average_last_checkpoints > config.keep_checkpoints:
     raise ConfigError(
-      f"average_last_checkpoints={avg}: must be <= keep_checkpoints={config.keep_checkpoints}"
+      f"average_last_checkpoints={config.average_last_checkpoints}: must be <= "
+      f"keep_checkpoints={config.keep_checkpoints}"
     )
-  _int(config, "eval_bleu_sentences", 0)
-  _int(config, "num_samples_to_print", 0)
-  _int(config, "decode.beam_size", 1)
-  _float(config, "decode.alpha", 0.0, 100.0)
-  _int(config, "decode.batch_size", 1)
-  method = _get(config, "decode.method")
-  if method not in METHODS:
-    raise ConfigError(f"decode.method={method!r}: must be one of {', '.join(METHODS)}")
-  temperature = _float(config, "decode.temperature", 0.0, 1e6)
-  if not temperature > 0:
-    raise ConfigError(f"decode.temperature={temperature!r}: must be > 0")
-  _int(config, "decode.top_k", 0)
-  top_p = _float(config, "decode.top_p", 0.0, 1.0)
-  if not top_p > 0:
-    raise ConfigError(f"decode.top_p={top_p!r}: must be in (0, 1]")
-  _int(config, "decode.seed", 0)
-  _int(config, "decode.tokens_per_batch", 1)
-  _int(config, "decode.chunk_size", 1)
-  if _get(config, "nonfinite") not in NONFINITE:
-    raise ConfigError(f"nonfinite={config.nonfinite!r}: must be one of {', '.join(NONFINITE)}")
-  _int(config, "max_consecutive_nonfinite", 1)
-  cache_dir = _get(config, "compilation_cache_dir")
-  if cache_dir is not None and not isinstance(cache_dir, str):
-    raise ConfigError(f"compilation_cache_dir={cache_dir!r}: must be a directory, or '' for none")
-  steps = _get(config, "profile_steps")
-  try:
-    profiling.parse_steps(steps if isinstance(steps, str) else repr(steps))
-  except ValueError as e:
-    raise ConfigError(f"profile_steps={steps!r}: {e}") from None
+  # Each micro-batch gets rows of its own, also in a batch of the longest rows (a packed
+  # target length 'auto' is not known yet: the source length stands in for it).
+  rows = max(1, config.data.tokens_per_batch // train_row)
+  if config.grad_accum_steps > rows:
+    raise ConfigError(
+      f"grad_accum_steps={config.grad_accum_steps}: must be <= {rows}, the rows of a batch of "
+      f"{train_row} tokens a row (data.tokens_per_batch={config.data.tokens_per_batch}), so "
+      "that every micro-batch has a row"
+    )
+  tokens = config.data.eval_batch_size * eval_row
+  if tokens > MAX_TOKENS:
+    raise ConfigError(
+      f"data.eval_batch_size={config.data.eval_batch_size}: rows of up to {eval_row} tokens "
+      f"make {tokens:,} tokens a batch; must be at most {MAX_TOKENS:,}"
+    )
 
-  # The mesh against the devices, and dimensions against the axes that split them.
-  data, fsdp, tensor = sharding_lib.mesh_shape(config.mesh, num_devices)
+
+def _check_decoding(config: Any, mc: ModelConfig) -> None:
+  decode = config.decode
+  for field in ("beam_size", "top_k"):
+    if decode.get(field, 0) > mc.vocab_size:
+      raise ConfigError(f"decode.{field}={decode[field]}: must be at most "
+                        f"model.vocab_size={mc.vocab_size}")
+  tokens = decode.batch_size * decode.beam_size * mc.max_len
+  if tokens > MAX_TOKENS:
+    raise ConfigError(
+      f"decode.batch_size={decode.batch_size} x decode.beam_size={decode.beam_size} x "
+      f"model.max_len={mc.max_len} = {tokens:,} tokens of decoder state; must be at most "
+      f"{MAX_TOKENS:,}"
+    )
+
+
+def _check_mesh(config: Any, mc: ModelConfig, num_devices: int) -> tuple[int, int, int]:
+  """The mesh against the devices, and dimensions against the axes that split them; returns
+  the mesh's shape (data, fsdp, tensor)."""
+  sizes = {f"mesh.{name}": config.mesh[name] for name in sharding_lib.MESH_AXES}
+  for field, size in sizes.items():
+    if size > num_devices:
+      raise ConfigError(f"{field}={size}: must be -1 (the remaining devices) or a number of "
+                        f"devices from 1 to {num_devices}")
+  try:
+    data, fsdp, tensor = sharding_lib.mesh_shape(config.mesh, num_devices)
+  except ConfigError as e:  # its message names the mesh; name each axis too
+    shown = ", ".join(f"{field}={size}" for field, size in sizes.items())
+    raise ConfigError(f"{shown}: {str(e).removeprefix('mesh: ')}") from None
   for field, size, axis, n in (
     ("model.num_heads", mc.num_heads, "tensor", tensor),
     ("model.d_ff", mc.d_ff, "tensor", tensor),
@@ -179,9 +497,35 @@ def validate(config: Any, num_devices: int) -> ModelConfig:
   ):
     if size % n:
       raise ConfigError(f"{field}={size} is not divisible by mesh.{axis}={n}: change one of them")
-  # A batch with fewer examples than data-parallel devices is padded with all-zero rows
-  # (input_pipeline.TrainBatches), so the batches never depend on the mesh.
-  _int(config, "data.tokens_per_batch", 1)
-  _int(config, "grad_accum_steps", 1)
+  return data, fsdp, tensor
 
-  return mc
+
+def device_bytes(mc: ModelConfig, tokens: int, batch_devices: int, param_devices: int,
+                 tensor: int) -> int:
+  """An upper estimate of one device's training memory: float32 parameters with gradients and
+  Adam's two moments (16 bytes each, split over `param_devices`), and the float32 logits of
+  `tokens` target tokens (split over `batch_devices`, the vocabulary over `tensor`)."""
+  d, k, f = mc.d_model, mc.num_heads * mc.head_dim, mc.d_ff
+  # An encoder and a decoder layer: three attentions, two feed-forward blocks, and as much
+  # again as an LSTM layer's gates would take.
+  layer = 3 * 4 * d * k + 2 * 2 * d * f + 16 * d * d
+  embeddings = (1 if mc.share_embeddings else 3) * mc.vocab_size * d + mc.max_len * d
+  params = embeddings + mc.num_layers * layer
+  logits = 4 * -(-tokens // batch_devices) * -(-mc.vocab_size // tensor)
+  return 16 * params // param_devices + logits
+
+
+def _check_memory(config: Any, mc: ModelConfig, train_row: int, eval_row: int,
+                  batch_devices: int, param_devices: int, tensor: int) -> None:
+  # A micro-batch holds whole rows: at least one.
+  micro = max(config.data.tokens_per_batch // config.grad_accum_steps, train_row)
+  tokens = max(micro, config.data.eval_batch_size * eval_row)
+  need = device_bytes(mc, tokens, batch_devices, param_devices, tensor)
+  if need > MAX_DEVICE_BYTES:
+    raise ConfigError(
+      f"model.vocab_size={mc.vocab_size}, model.d_model={mc.d_model}, model.d_ff={mc.d_ff}, "
+      f"model.num_layers={mc.num_layers} with data.tokens_per_batch="
+      f"{config.data.tokens_per_batch}: about {need / 2**30:,.0f} GiB a device (parameters, "
+      f"optimizer state, logits), more than {MAX_DEVICE_BYTES // 2**30:,} GiB; make the model "
+      "or the batches smaller, or split them over more devices (mesh.fsdp, mesh.tensor)"
+    )
