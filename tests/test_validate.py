@@ -18,7 +18,7 @@ from configs import text as text_config
 from configs import wmt as wmt_config
 from tests.xla_flags import FAST_COMPILE
 from transformer.errors import ConfigError
-from transformer.validate import DECODE_METHODS, FIELDS, NUMBERS_VARIANTS, validate
+from transformer.validate import FIELDS, METHODS, NUMBERS_VARIANTS, validate
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A field whose value is a mapping of its own (language -> path) is one leaf.
@@ -178,7 +178,7 @@ def test_a_huge_beam_on_the_command_line_exits_2_with_one_line_and_writes_nothin
 
 
 @pytest.mark.parametrize("field,good,bad", [
-  ("decode.method", list(DECODE_METHODS), ["Beam", "top_k", "", None, 1]),
+  ("decode.method", list(METHODS), ["Beam", "top_k", "", None, 1]),
   ("decode.temperature", [1, 0.7, 2.5], [0, -1.0, math.nan, math.inf, "1", True]),
   ("decode.top_k", [0, 1, 40, 256], [-1, 257, 4.0, True, None]),
   ("decode.top_p", [1, 1.0, 0.9, 1e-3], [0, 0.0, 1.01, -0.5, math.nan, "0.9"]),
