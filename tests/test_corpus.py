@@ -350,3 +350,11 @@ def test_noisy_pairs_misaligns_exactly_and_counts_what_the_scores_catch(workdir)
   record = noisy_pairs.run(workdir, 40, 0.1, seed=0)
   assert record["noisy"] == 4 and len(record["lowest"]) == 5
   assert 0 <= record["caught_by_perplexity"] <= 4
+
+
+def test_translation_pads_to_the_buckets_training_resolved(workdir, restored):
+  _, model = restored
+  with open(os.path.join(workdir, "buckets.json")) as f:
+    buckets = json.load(f)
+  assert buckets and model.translator.bucket_lengths == buckets
+  assert model.translator.pad_length(buckets[0]) == buckets[0]

@@ -104,7 +104,7 @@ def restore(config: Any, workdir: str, average: int | None = None,
       raise CheckpointError(f"no checkpoint in {checkpointer.directory}: train first")
     state, step = restored
     params, label = state.params, f"step {step}"
-  # The config's buckets ('auto': none, so sources pad to powers of two).
+  # The training run's buckets, so translation pads to the lengths training compiled.
   translator = Translator(model_config, config.decode, mesh, trainer.state_shardings.params,
-                          input_pipeline.explicit_buckets(config) or ())
+                          input_pipeline.workdir_buckets(config, workdir))
   return Restored(tokenizer, trainer, translator, params, label)

@@ -75,7 +75,8 @@ def average_and_evaluate(config: Any, workdir: str, average: int | None) -> None
   evals, references = input_pipeline.evaluation_data(
     config, input_pipeline.open_reader(config), model.tokenizer,
     sharding_lib.data_parallel_size(model.trainer.mesh), process_index=jax.process_index(),
-    process_count=jax.process_count())
+    process_count=jax.process_count(),
+    buckets=input_pipeline.workdir_buckets(config, workdir))
   step = Checkpointer(os.path.join(workdir, "checkpoints"), None,
                       async_save=False).latest_step() or 0
   final = final_evaluation(config, model.trainer, model.translator, model.params,

@@ -348,6 +348,8 @@ def _train_and_evaluate(config: Any, workdir: str, model_config: ModelConfig,
   if data.tokenizer.vocab_size != model_config.vocab_size:
     raise ConfigError(f"data.vocab_size={model_config.vocab_size} but {data.tokenizer.path} has "
                       f"{data.tokenizer.vocab_size} pieces; use a new --workdir")
+  if jax.process_index() == 0:
+    input_pipeline.save_buckets(workdir, data.buckets)
   meta = run_meta(config, model_config, data.tokenizer.sha256)
   trainer = Trainer(config, mesh, model_config)
   checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), config.keep_checkpoints)

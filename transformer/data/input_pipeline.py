@@ -247,6 +247,31 @@ def resolve_buckets(config: Any, split: TokenizedSplit) -> list[int]:
   return [int(b) for b in plan_cache.remembered(split.directory, key, derive)]
 
 
+BUCKETS_FILE = "buckets.json"
+
+
+def save_buckets(workdir: str | os.PathLike, buckets: Sequence[int]) -> None:
+  """Records the run's bucket lengths in `<workdir>/buckets.json` (once resolved, the same for
+  training, evaluation, averaging and translation)."""
+  import json
+
+  path = storage.as_path(workdir) / BUCKETS_FILE
+  text = json.dumps([int(b) for b in buckets])
+  if not path.exists() or path.read_text() != text:
+    storage.write_atomic(path, text)
+
+
+def workdir_buckets(config: Any, workdir: str | os.PathLike) -> list[int]:
+  """The bucket lengths the workdir's run trained with (`save_buckets`), or for a workdir
+  without them the config's (for 'auto', powers of two up to the length limits)."""
+  import json
+
+  path = storage.as_path(workdir) / BUCKETS_FILE
+  if path.exists():
+    return [int(b) for b in json.loads(path.read_text())]
+  return _buckets(config)
+
+
 def _buckets(config: Any) -> list[int]:
   """Explicit bucket lengths, or for 'auto' (no training split at hand) powers of two up to the
   length limits."""
