@@ -240,7 +240,7 @@ def test_beam_search_scores_agree_with_the_full_forward():
       max_len=T,
     )
 
-  seqs, scores = search(params, src)
+  seqs, scores, log_probs = search(params, src)
   assert seqs.shape == (B, k, T) and np.all(np.isfinite(scores))
   # The best hypothesis's score is its log probability under the full forward pass, so the
   # cache was reordered with the beams correctly.
@@ -249,6 +249,7 @@ def test_beam_search_scores_agree_with_the_full_forward():
   token_logp = jnp.take_along_axis(logp, best[:, :, None], axis=-1)[:, :, 0] * (best > 0)
   want = token_logp.sum(-1) / decode_lib.length_penalty((best > 0).sum(-1), 0.6)
   np.testing.assert_allclose(scores[:, 0], want, rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(log_probs[:, 0], token_logp.sum(-1), rtol=1e-4, atol=1e-4)
 
 
 def test_gradients_are_finite_with_dropout():
