@@ -305,9 +305,9 @@ def test_cross_entropy_gradient_matches_numpy(label_smoothing):
   np.testing.assert_allclose(grad, expected, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("vocab", [7, 12, 97, 130])  # blocks of 7, 12, 1 and 26 logits
+@pytest.mark.parametrize("vocab", [7, 130])
 def test_correct_counts_argmax_hits_with_ties_and_nan(vocab):
-  """loss_sums' blockwise argmax is jnp.argmax: the first largest logit, NaN the largest."""
+  """loss_sums counts a hit where the target is the first largest logit, NaN the largest."""
   rng = np.random.default_rng(vocab)
   logits = rng.normal(size=(4, 5, vocab)).astype(np.float32)
   logits[0, :, [1, vocab - 1]] = 9.0  # a tie across blocks: the first one counts
