@@ -381,7 +381,7 @@ def _feed_forward(cfg: ModelConfig) -> FeedForward:
 class EncoderLayer(nn.Module):
   """Self-attention and feed-forward sublayers. x [b, s, d], src_mask bool [b, s] -> [b, s, d].
 
-  src_segments int [b, s] (packed rows): attention stays inside a segment.
+  segment_ids int [b, s] (packed rows): attention stays inside a segment.
   """
 
   config: ModelConfig
@@ -389,12 +389,12 @@ class EncoderLayer(nn.Module):
   scanned: bool = False  # return (x, None) as nn.scan expects
 
   @nn.compact
-  def __call__(self, x: Array, src_mask: Array, src_segments: Array | None = None):
+  def __call__(self, x: Array, src_mask: Array, segment_ids: Array | None = None):
     cfg, det = self.config, self.deterministic
     self_attention = _attention(cfg, "self_attention")
     x = _Sublayer(cfg, det, name="attention_block")(
-      x, lambda y: self_attention(y, kv_mask=src_mask, q_segment_ids=src_segments,
-                                  kv_segment_ids=src_segments, deterministic=det)
+      x, lambda y: self_attention(y, kv_mask=src_mask, q_segment_ids=segment_ids,
+                                  kv_segment_ids=segment_ids, deterministic=det)
     )
     feed_forward = _feed_forward(cfg)
     x = _Sublayer(cfg, det, name="feed_forward_block")(
@@ -408,7 +408,7 @@ class DecoderLayer(nn.Module):
   """Masked self-attention, encoder-decoder attention and feed-forward sublayers.
 
   y [b, t, d], encoded [b, s, d], src_mask bool [b, s] -> [b, t, d]. Packed rows also pass
-  tgt_segments int [b, t] and src_segments int [b, s]: a target position attends to earlier
+  segment_ids int [b, t] and src_segment_ids int [b, s]: a target position attends to earlier
   positions of its own segment and to the source positions of the same segment.
   """
 
@@ -420,17 +420,17 @@ class DecoderLayer(nn.Module):
 
   @nn.compact
   def __call__(self, y: Array, encoded: Array, src_mask: Array,
-               tgt_segments: Array | None = None, src_segments: Array | None = None):
+               segment_ids: Array | None = None, src_segment_ids: Array | None = None):
     cfg, det = self.config, self.deterministic
     self_attention = _attention(cfg, "self_attention", self.decode, self.mode)
     y = _Sublayer(cfg, det, name="self_attention_block")(
-      y, lambda z: self_attention(z, is_causal=True, q_segment_ids=tgt_segments,
-                                  kv_segment_ids=tgt_segments, deterministic=det)
+      y, lambda z: self_attention(z, is_causal=True, q_segment_ids=segment_ids,
+                                  kv_segment_ids=segment_ids, deterministic=det)
     )
     cross_attention = _attention(cfg, "cross_attention", self.decode, self.mode)
     y = _Sublayer(cfg, det, name="cross_attention_block")(
-      y, lambda z: cross_attention(z, encoded, kv_mask=src_mask, q_segment_ids=tgt_segments,
-                                   kv_segment_ids=src_segments, deterministic=det)
+      y, lambda z: cross_attention(z, encoded, kv_mask=src_mask, q_segment_ids=segment_ids,
+                                   kv_segment_ids=src_segment_ids, deterministic=det)
     )
     feed_forward = _feed_forward(cfg)
     y = _Sublayer(cfg, det, name="feed_forward_block")(
@@ -653,8 +653,8 @@ class Transformer(nn.Module):
     return self.decode_logits(encoded, inputs, tgt_in, train, **packing)
 
   def __call__(self, inputs: Array, targets: Array, train: bool = False, *,
-               inputs_segmentation: Array | None = None, inputs_position: Array | None = None,
-               targets_segmentation: Array | None = None,
+               inputs_segment_ids: Array | None = None, inputs_position: Array | None = None,
+               targets_segment_ids: Array | None = None,
                targets_position: Array | None = None) -> Array:
     """inputs int [b, s], targets int [b, t] (0 = padding) -> float32 logits [b, t, V].
 
@@ -663,11 +663,11 @@ class Transformer(nn.Module):
     never crosses segments, positions restart per segment and each segment's decoder input is
     shifted on its own. Segments are given for both sides or for none.
     """
-    if (inputs_segmentation is None) != (targets_segmentation is None):
-      raise ValueError("inputs_segmentation and targets_segmentation go together")
-    encoded = self.encode(inputs, train, segment_ids=inputs_segmentation,
+    if (inputs_segment_ids is None) != (targets_segment_ids is None):
+      raise ValueError("inputs_segment_ids and targets_segment_ids go together")
+    encoded = self.encode(inputs, train, segment_ids=inputs_segment_ids,
                           positions=inputs_position)
-    if targets_segmentation is None:
+    if targets_segment_ids is None:
       return self.decode(encoded, inputs, targets, train, positions=targets_position)
-    return self.decode(encoded, inputs, targets, train, segment_ids=targets_segmentation,
-                       positions=targets_position, src_segment_ids=inputs_segmentation)
+    return self.decode(encoded, inputs, targets, train, segment_ids=targets_segment_ids,
+                       positions=targets_position, src_segment_ids=inputs_segment_ids)

@@ -139,7 +139,7 @@ class Trainer:
     keys = {"inputs": source, "targets": target}
     if len(lengths) == 2:
       keys.update({f"{side}_{what}": keys[side] for side in ("inputs", "targets")
-                   for what in ("segmentation", "position")})
+                   for what in ("segment_ids", "position")})
     sharding = sharding_lib.batch_sharding(self.mesh)
     return {k: jax.ShapeDtypeStruct((rows, n), jnp.int32, sharding=sharding)
             for k, n in keys.items()}
