@@ -22,6 +22,7 @@ import jax
 
 from transformer import sharding as sharding_lib
 from transformer.checkpoint import Checkpointer
+from transformer.data.tokenizer import truncate
 from transformer.errors import UserError
 from transformer.infer import restore
 from transformer.train import final_evaluation
@@ -58,7 +59,7 @@ def translate_stream(config: Any, workdir: str, input_path: str | None,
     if len(ids) > limit:
       print(f"warning: line {number} has {len(ids)} tokens; truncated to {limit}",
             file=sys.stderr)
-      ids = ids[: limit - 1] + [1]
+      ids = truncate(ids, limit)
     sources.append(ids)
     rows.append(number - 1)
   outputs = [""] * len(raw_lines)
