@@ -28,7 +28,7 @@ from ml_collections import config_flags
 
 from experiments import report
 from experiments.accum_memory_report import check_ks, memory_by_k, time_by_k, write_report
-from transformer.errors import UserError, fail, parse_flags
+from transformer.errors import UserError, fail, flags_parser
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "Model of the memory part; default configs/wmt.py:base.", lock_config=False)
@@ -69,4 +69,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=parse_flags)
+  app.run(main, flags_parser=flags_parser())

@@ -22,7 +22,7 @@ from typing import Any
 from absl import app, flags
 from ml_collections import config_flags
 
-from transformer.errors import UserError, fail, parse_flags
+from transformer.errors import UserError, fail, flags_parser
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config of the trained model.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Workdir: checkpoint and vocabulary.")
@@ -104,4 +104,4 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-  app.run(main, flags_parser=parse_flags)
+  app.run(main, flags_parser=flags_parser())

@@ -38,7 +38,7 @@ from absl import app, flags
 
 from experiments import measure
 from experiments import report as report_lib  # `report` is this module's report
-from transformer.errors import fail, parse_flags
+from transformer.errors import fail, flags_parser
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEER = os.path.join(ROOT, "experiments", "torch_peer.py")
@@ -264,4 +264,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=parse_flags)
+  app.run(main, flags_parser=flags_parser())

@@ -16,7 +16,7 @@ from absl import app, flags
 
 from experiments import report
 from experiments.compile_depth_report import compile_record, with_ratios, write_report
-from transformer.errors import fail, parse_flags
+from transformer.errors import fail, flags_parser
 
 BASE_FLAGS = ["--config=configs/wmt.py:base", "--config.model.dtype=float32",
               "--config.model.vocab_size=8192", "--config.mesh.data=1", "--batch_size=8",
@@ -57,4 +57,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=parse_flags)
+  app.run(main, flags_parser=flags_parser())

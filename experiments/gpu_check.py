@@ -28,7 +28,7 @@ from typing import Any
 
 from absl import app, flags
 
-from transformer.errors import fail, parse_flags
+from transformer.errors import fail, flags_parser
 from transformer.hardware import peak_of
 
 _SMOKE = flags.DEFINE_bool("smoke", False, "Tiny shapes on any machine: the path, not the speed.")
@@ -132,4 +132,4 @@ def write_report(path: str, command: str, train: list[dict[str, Any]],
 
 if __name__ == "__main__":
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-  app.run(main, flags_parser=parse_flags)
+  app.run(main, flags_parser=flags_parser())

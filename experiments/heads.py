@@ -14,11 +14,11 @@ import os
 from absl import app
 
 from experiments import heads_report, sweeps
-from transformer.errors import parse_flags
+from transformer.errors import flags_parser
 
 FLAGS = sweeps.define_flags(default_sweep="configs/sweeps/heads.py")
 
 if __name__ == "__main__":
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   app.run(lambda argv: sweeps.main(argv, FLAGS, report=heads_report.report),
-          flags_parser=parse_flags)
+          flags_parser=flags_parser())

@@ -147,7 +147,7 @@ def random_batch(rng: Any, batch_size: int, src_len: int, tgt_len: int, vocab_si
     if segments:
       segment = 1 + np.arange(n) * segments // n
       start = np.searchsorted(segment, segment)  # first position of each position's segment
-      batch[f"{side}_segmentation"] = np.tile(segment, (batch_size, 1)).astype(np.int32)
+      batch[f"{side}_segment_ids"] = np.tile(segment, (batch_size, 1)).astype(np.int32)
       batch[f"{side}_position"] = np.tile(np.arange(n) - start, (batch_size, 1)).astype(np.int32)
   return batch
 

@@ -35,7 +35,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from experiments import measure, report
-from transformer.errors import UserError, fail, parse_flags
+from transformer.errors import UserError, fail, flags_parser
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/numbers.py.",
                                           lock_config=False)
@@ -247,4 +247,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=parse_flags)
+  app.run(main, flags_parser=flags_parser())

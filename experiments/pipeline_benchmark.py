@@ -44,7 +44,7 @@ from ml_collections import config_flags
 
 from experiments import measure, report
 from transformer import hardware
-from transformer.errors import fail, parse_flags
+from transformer.errors import fail, flags_parser
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/wmt.py.",
                                           lock_config=False)
@@ -275,4 +275,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=parse_flags)
+  app.run(main, flags_parser=flags_parser())

@@ -28,7 +28,7 @@ import numpy as np
 from absl import app, flags
 
 from experiments import report
-from transformer.errors import fail, parse_flags
+from transformer.errors import fail, flags_parser
 
 _RUNS = flags.DEFINE_list(
   "runs",
@@ -228,4 +228,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=parse_flags)
+  app.run(main, flags_parser=flags_parser())

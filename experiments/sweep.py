@@ -10,10 +10,10 @@ import os
 from absl import app
 
 from experiments import sweeps
-from transformer.errors import parse_flags
+from transformer.errors import flags_parser
 
 FLAGS = sweeps.define_flags()
 
 if __name__ == "__main__":
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-  app.run(lambda argv: sweeps.main(argv, FLAGS), flags_parser=parse_flags)
+  app.run(lambda argv: sweeps.main(argv, FLAGS), flags_parser=flags_parser())

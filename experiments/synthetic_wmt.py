@@ -18,7 +18,7 @@ import time
 from absl import app, flags
 
 from transformer.data import synthetic_wmt
-from transformer.errors import fail, parse_flags
+from transformer.errors import fail, flags_parser
 
 _DATA_DIR = flags.DEFINE_string("data_dir", None, "TFDS data dir to write into.", required=True)
 _PAIR = flags.DEFINE_enum("pair", "de-en", synthetic_wmt.PAIRS,
@@ -68,4 +68,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=parse_flags)
+  app.run(main, flags_parser=flags_parser())

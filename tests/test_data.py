@@ -13,7 +13,7 @@ from transformer.data import numbers as nb
 from transformer.data.errors import DataError
 from transformer.data.tfds_io import SplitReader
 from transformer.data.token_cache import TokenizedSplit
-from transformer.data.tokenizer import EOS_ID, Tokenizer
+from transformer.data.tokenizer import EOS_ID, Tokenizer, truncate
 
 
 class PairsReader:
@@ -171,6 +171,15 @@ def test_tokenizer_round_trip_and_eos(tokenizer, texts):
   assert tokenizer.decode(first + second) == texts[0]  # Stops at the first EOS.
   assert tokenizer.decode([0, *first[:-1], 0, 0]) == texts[0]  # Padding ignored.
   assert tokenizer.decode(np.array(first + [0] * 3)) == texts[0]
+
+
+def test_truncate_keeps_eos_last_and_the_kind_of_its_input():
+  ids = [5, 6, 7, 8, EOS_ID]
+  assert truncate(ids, 3) == [5, 6, EOS_ID]
+  assert truncate(ids, 5) is ids and truncate(ids, 9) is ids
+  arr = np.array(ids, np.int32)
+  cut = truncate(arr, 2)
+  assert cut.dtype == np.int32 and cut.tolist() == [5, EOS_ID]
 
 
 def test_tokenizer_training_is_deterministic_and_atomic(texts, tmp_path):

@@ -325,16 +325,14 @@ def test_negative_alpha_is_rejected():
 
 @pytest.mark.parametrize("scan_layers,batch", [(False, 3), (True, 3), (False, 1)])
 def test_in_place_beam_caches_equal_reordered_caches(scan_layers, batch):
-  """The Transformer's beams keep their self-attention caches in place (`kv_owner`), the
-  encoder-side ones are prefilled and the logits use the transposed embedding
-  (`translate.output_kernel`), as in `translate.decode_tokens`: the same scores and sequences
-  as reordering every cache and multiplying by the embedding. Batch 1 takes the attention's
-  one-sentence path (`model._beam_group_attention`)."""
+  """The Transformer's beams keep their self-attention caches in place (groups of K rows,
+  `model.KV_OWNER`) and share the prefilled encoder-side keys and values, as in
+  `translate.decode_tokens`: the same scores and sequences as one row per hypothesis whose
+  caches beam search reorders with the rows."""
   import dataclasses
 
-  import flax.linen as nn
-
   from configs import wmt
+  from transformer import model as model_lib
   from transformer import translate
   from transformer.model import ModelConfig, Transformer
 
@@ -351,29 +349,28 @@ def test_in_place_beam_caches_equal_reordered_caches(scan_layers, batch):
   step_model = Transformer(cfg, incremental=True)
   encoded_b, src_b = decode.tile_beams((encoded, src), k)
 
-  def tokens_to_logits(ids, cache, output_kernel=None):
+  def tokens_to_logits(ids, cache):
     logits, mutated = step_model.apply(
       {"params": params, "cache": cache}, encoded_b, src_b, ids,
-      method=Transformer.decode_logits, mutable=["cache"], output_kernel=output_kernel,
+      method=Transformer.decode_logits, mutable=["cache"],
     )
     return logits[:, -1, :], mutated["cache"]
 
-  def search(cache, reorder, output_kernel=None):
-    step = functools.partial(tokens_to_logits, output_kernel=output_kernel)
-    return decode.beam_search(step, cache, batch_size=batch, beam_size=k,
+  def search(cache, reorder):
+    return decode.beam_search(tokens_to_logits, cache, batch_size=batch, beam_size=k,
                               alpha=0.6, max_lengths=jnp.full((batch,), max_len),
                               max_len=max_len, eos_id=EOS, reorder=reorder)[:2]
 
-  old = translate.init_cache(cfg, batch, src_len, max_len)
-  new = translate.init_cache(cfg, batch, src_len, max_len, k)
-  new = translate.prefill_cache(cfg, params, encoded, src, new)
-  assert "kv_owner" in str(jax.tree_util.tree_structure(new))
-  assert "cross_ready" not in str(jax.tree_util.tree_structure(new))
-  seqs_old, scores_old = jax.jit(lambda c: search(c, None))(old)
-  kernel = translate.output_kernel(cfg, params)
-  np.testing.assert_array_equal(kernel, np.asarray(nn.unbox(params)["embed"]["embedding"]).T)
-  seqs_new, scores_new = jax.jit(
-    lambda c: search(c, translate.beam_reorder_mask(new), kernel))(new)
+  def cache(beam_size):
+    fresh = translate.init_cache(cfg, batch, src_len, max_len, beam_size)
+    return translate.prefill_cache(cfg, params, encoded, src, fresh)
+
+  per_row, in_place = cache(1), cache(k)
+  owners = [x for path, x in jax.tree_util.tree_leaves_with_path(in_place)
+            if path[-1].key == model_lib.KV_OWNER]
+  assert owners and all(x.shape[-2] == k for x in owners)
+  seqs_old, scores_old = jax.jit(lambda c: search(c, translate.beam_reorder_mask(c)))(per_row)
+  seqs_new, scores_new = jax.jit(lambda c: search(c, translate.beam_reorder_mask(c)))(in_place)
   np.testing.assert_array_equal(seqs_new, seqs_old)
   np.testing.assert_allclose(scores_new, scores_old, rtol=1e-5)
 
@@ -481,3 +478,29 @@ def test_a_rows_sample_depends_on_its_key_only():
   for b in range(3):
     alone, _ = _sample(table, [b], [4], 4, keys[b:b + 1])
     np.testing.assert_array_equal(np.asarray(alone)[0], np.asarray(together)[b])
+
+
+def test_beam_reorder_mask_follows_the_declared_cache_entries():
+  """Per-source entries are never reordered; in-place ones only with one row per hypothesis."""
+  import dataclasses
+
+  from configs import wmt
+  from transformer import model as model_lib
+  from transformer import translate
+  from transformer.model import ModelConfig
+
+  cfg = dataclasses.replace(ModelConfig(**wmt.get_config("tiny").model), num_layers=1)
+  for beam_size in (1, 4):
+    cache = translate.init_cache(cfg, 2, 5, 6, beam_size)
+    reorder = translate.beam_reorder_mask(cache)
+    flat = {tuple(p.key for p in path): x
+            for path, x in jax.tree_util.tree_leaves_with_path(reorder)}
+    names = {path[-1] for path in flat}
+    assert set(model_lib.PER_SOURCE_CACHE) <= names and set(model_lib.IN_PLACE_CACHE) <= names
+    for path, x in flat.items():
+      if path[-1] in model_lib.PER_SOURCE_CACHE:
+        assert x is False, path
+      elif path[-1] in model_lib.IN_PLACE_CACHE:
+        assert x is (beam_size == 1), path
+      else:
+        assert x is True, path

@@ -1,4 +1,5 @@
-"""Huge pages for glibc's large blocks: when the entry point runs itself again, and that it does."""
+"""Huge pages for glibc's large blocks, opt-in: when the entry point runs itself again (only when
+asked to, and only where they help), and that it does."""
 
 import os
 import platform
@@ -11,8 +12,10 @@ from tests.test_train import REPO
 from transformer import host_memory
 
 GLIBC = ("glibc", "2.36")
-# The environment of the child processes: without any GLIBC_TUNABLES of the test's own.
-CHILD_ENV = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+# The environment of the child processes: without any GLIBC_TUNABLES or opt-in of the test's own.
+CHILD_ENV = {k: v for k, v in os.environ.items()
+             if k not in ("GLIBC_TUNABLES", host_memory.OPT_IN)}
+OPTED_IN = {**CHILD_ENV, host_memory.OPT_IN: "1"}
 
 
 def expected_tunables() -> str | None:
@@ -52,25 +55,32 @@ def test_thp_mode_is_the_bracketed_word(tmp_path, text, mode):
   assert host_memory.thp_mode(str(tmp_path / "absent")) is None
 
 
-def test_use_huge_pages_runs_the_command_again_with_the_tunable():
-  """In a child: the tunable it ends with is the one `huge_pages_environment` asks for here, and
-  the command (its arguments) is the same after the execve."""
+@pytest.mark.parametrize("opt_in", [False, True])
+def test_use_huge_pages_runs_the_command_again_only_when_asked(opt_in):
+  """In a child: without the opt-in the command runs on as it was started; with it, the tunable
+  it ends with is the one `huge_pages_environment` asks for here, and the command (its
+  arguments) is the same after the execve."""
   code = ("import os, sys; from transformer import host_memory; host_memory.use_huge_pages(); "
           "print(os.environ.get('GLIBC_TUNABLES'), sys.argv[1:])")
   proc = subprocess.run([sys.executable, "-c", code, "x", "--y=1"], capture_output=True,
-                        text=True, timeout=120, env=CHILD_ENV, cwd=REPO)
+                        text=True, timeout=120, env=OPTED_IN if opt_in else CHILD_ENV, cwd=REPO)
   assert proc.returncode == 0, proc.stderr[-2000:]
-  assert proc.stdout.strip() == f"{expected_tunables()} ['x', '--y=1']"
+  tunables = expected_tunables() if opt_in else None
+  assert proc.stdout.strip() == f"{tunables} ['x', '--y=1']"
 
 
-def test_the_training_command_runs_with_huge_pages_where_they_help(tmp_path):
+@pytest.mark.parametrize("opt_in", [False, True])
+def test_the_training_command_runs_with_huge_pages_only_when_asked(tmp_path, opt_in):
   """`python -m transformer.main` logs its host-memory state; here a run that stops at its data
   check (no WMT data) is enough to see it."""
   proc = subprocess.run(
     [sys.executable, "-m", "transformer.main", "--config=configs/wmt.py:tiny",
      f"--workdir={tmp_path}/w", f"--config.data_dir={tmp_path}/no_data"],
-    cwd=REPO, env=CHILD_ENV, capture_output=True, text=True, timeout=300)
+    cwd=REPO, env=OPTED_IN if opt_in else CHILD_ENV, capture_output=True, text=True,
+    timeout=300)
   assert proc.returncode == 2, proc.stderr[-2000:]
   line = next((ln for ln in proc.stderr.splitlines() if "Host memory: " in ln), None)
   assert line is not None, proc.stderr[-2000:]
-  assert ("glibc.malloc.hugetlb=1" in line) == (expected_tunables() is not None), line
+  helps = expected_tunables() is not None
+  assert ("glibc.malloc.hugetlb=1" in line) == (opt_in and helps), line
+  assert (f"{host_memory.OPT_IN}=1 would" in line) == (not opt_in and helps), line

@@ -43,7 +43,7 @@ def packed(src, tgt, config, **kw):
 
 def unpack(batch, row, segment, side):
   """The ids of one segment of one row, and its positions."""
-  where = batch[f"{side}_segmentation"][row] == segment
+  where = batch[f"{side}_segment_ids"][row] == segment
   return batch[side][row][where], batch[f"{side}_position"][row][where]
 
 
@@ -59,8 +59,8 @@ def test_batches_hold_every_example_once_per_epoch_with_segments_and_positions()
   for step in range(pb.steps_per_epoch):
     batch = pb.batch(step)
     assert {k: v.shape for k, v in batch.items()} == {
-      "inputs": (rows, 32), "inputs_segmentation": (rows, 32), "inputs_position": (rows, 32),
-      "targets": (rows, 24), "targets_segmentation": (rows, 24), "targets_position": (rows, 24)}
+      "inputs": (rows, 32), "inputs_segment_ids": (rows, 32), "inputs_position": (rows, 32),
+      "targets": (rows, 24), "targets_segment_ids": (rows, 24), "targets_position": (rows, 24)}
     assert all(v.dtype == np.int32 for v in batch.values())
     examples, row = pb.placements(step)
     for r in range(rows):
@@ -71,7 +71,7 @@ def test_batches_hold_every_example_once_per_epoch_with_segments_and_positions()
           np.testing.assert_array_equal(ids, ref)
           np.testing.assert_array_equal(pos, np.arange(len(ref)))
       for side in ("inputs", "targets"):  # padding: id, segment and position 0
-        pad = batch[f"{side}_segmentation"][r] == 0
+        pad = batch[f"{side}_segment_ids"][r] == 0
         assert pad.sum() == batch[side].shape[1] - sum(
           len((src if side == "inputs" else tgt)[e]) for e in mine)
         assert not batch[side][r][pad].any() and not batch[f"{side}_position"][r][pad].any()
@@ -179,7 +179,7 @@ def test_packed_losses_and_gradients_equal_unpacked(implementation):
     logits = model.apply({"params": p}, batch["inputs"], batch["targets"],
                          **packing.packing_kwargs(batch))
     loss = cross_entropy(logits, batch["targets"], 0.1)[0] * (batch["targets"] > 0)
-    mine = batch["targets_segmentation"][row_of] == seg_of[:, None]  # [examples, t]
+    mine = batch["targets_segment_ids"][row_of] == seg_of[:, None]  # [examples, t]
     return (loss[row_of] * mine).sum(-1)
 
   def per_example(f):

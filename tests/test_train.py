@@ -256,13 +256,10 @@ def tiny_trainer():
                  validate(config, 1))
 
 
-@pytest.mark.parametrize("platform", ["cpu", "gpu"])
-def test_a_nonfinite_step_leaves_parameters_and_moments_bitwise_unchanged(platform):
-  """Both ways of skipping the update: a conditional (CPU) and a select (GPU, TPU); the step
-  of `platform` runs here on CPU devices."""
+def test_a_nonfinite_step_leaves_parameters_and_moments_bitwise_unchanged():
   trainer = tiny_trainer()
-  step = jax.jit(make_train_step(trainer.model, trainer.tx, trainer.config.label_smoothing,
-                                 platform=platform), donate_argnums=0)
+  step = jax.jit(make_train_step(trainer.model, trainer.tx, trainer.config.label_smoothing),
+                 donate_argnums=0)
 
   def train_step(state, batch, rng):
     with trainer.context():
@@ -284,14 +281,3 @@ def test_a_nonfinite_step_leaves_parameters_and_moments_bitwise_unchanged(platfo
                          ("opt_state", before.opt_state, after.opt_state)):
     jax.tree.map(lambda x, y, name=name: np.testing.assert_array_equal(
       x, np.asarray(y), err_msg=name), old, new)
-
-
-def test_the_step_updates_its_donated_state_in_place():
-  """No parameter or Adam moment is copied in the compiled step: a select between the new and
-  the old values made XLA copy every one of them each step (3 x the parameters' bytes)."""
-  trainer = tiny_trainer()
-  hlo = trainer.lower_train_step(trainer.batch_spec((8, 16))).compile().as_text()
-  entry = hlo[hlo.index("\nENTRY"):]
-  assert "%state_params__" in entry  # the state's parameters are named as this test expects
-  copied = [line.strip()[:120] for line in entry.splitlines() if " copy(%state_" in line]
-  assert copied == [], copied

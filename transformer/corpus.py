@@ -44,8 +44,9 @@ import jax
 import numpy as np
 
 from transformer import storage
+from transformer.data.tokenizer import truncate
 from transformer.errors import UserError
-from transformer.translate import Hypothesis, truncate
+from transformer.translate import Hypothesis
 
 FORMATS = ("text", "jsonl")
 

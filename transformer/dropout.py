@@ -1,10 +1,10 @@
 """Dropout (section 5.4, P_drop) with keep masks drawn from narrow random lanes.
 
-`jax.random.bernoulli` spends one threefry hash (two 32-bit words) per element, and on XLA:CPU
-the backward pass keeps the random words rather than the mask. `keep_mask` instead splits each
-32-bit random word into 32 // bits lanes and compares each lane with a threshold: 4x fewer
-hashes with 8-bit lanes and a 1-byte residual. On the base model's training step the 8-bit
-masks take 192 MiB less temporary memory than 32-bit ones, at the same speed
+`jax.random.bernoulli` spends one threefry hash (two 32-bit words) per element. `keep_mask`
+instead splits each 32-bit random word into 32 // bits lanes and compares each lane with a
+threshold: 4x fewer hashes with 8-bit lanes, and a mask that the backward pass can keep
+as one byte per element. On the base model's training step (on CPU) the 8-bit masks took
+192 MiB less temporary memory than 32-bit ones, at the same speed
 (experiments/results/benchmark_vs_peer_dropout.md).
 
 The price is resolution: the drop probability becomes round(rate * 2^bits) / 2^bits (8 bits:

@@ -23,10 +23,9 @@ def fail(message: str) -> NoReturn:
   sys.exit(2)
 
 
-def parse_flags(argv: list[str]) -> list[str]:
-  """absl's flag parsing for the experiment CLIs (`app.run(main, flags_parser=parse_flags)`),
-  but a bad flag, a config file that fails to load or an override that does not apply to it
-  is one line naming the flag, and exit status 2."""
+def _parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing, but a bad flag, a config file that fails to load or an override that
+  does not apply to it is one line naming the flag, and exit status 2."""
   import re
 
   from absl import flags
@@ -55,14 +54,16 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 
 def flags_parser(**default_files: str) -> Callable[[list[str]], list[str]]:
-  """`parse_flags` with default config files: `--NAME=PATH` is passed for each NAME not on the
-  command line, so that its `--NAME.FIELD=...` overrides are parsed and checked with the rest
-  (a config-file flag with a default would load it, and fail, while its module is imported)."""
+  """The flag parser of the experiment CLIs (`app.run(main, flags_parser=flags_parser())`):
+  errors as one line and exit status 2 (`_parse_flags`). `default_files`: `--NAME=PATH` is
+  passed for each NAME not on the command line, so that its `--NAME.FIELD=...` overrides are
+  parsed and checked with the rest (a config-file flag with a default would load it, and fail,
+  while its module is imported)."""
 
   def parse(argv: list[str]) -> list[str]:
     for name, path in default_files.items():
       if not any(a == f"--{name}" or a.startswith(f"--{name}=") for a in argv[1:]):
         argv = [argv[0], f"--{name}={path}", *argv[1:]]
-    return parse_flags(argv)
+    return _parse_flags(argv)
 
   return parse

@@ -7,14 +7,15 @@ hundreds of MiB), and glibc serves blocks that large with `mmap` and gives them 
 400,000 at the base model's (the page-fault column of experiments/results/benchmark_vs_peer.md).
 glibc 2.35 and later can ask for transparent huge pages for those blocks
 (`GLIBC_TUNABLES=glibc.malloc.hugetlb=1`, https://www.gnu.org/software/libc/manual/html_node/
-Memory-Allocation-Tunables.html): one fault per 2 MiB instead of per 4 KiB. The tunable is read
-when a process starts, so `use_huge_pages` runs the same command again in the same process
-(`execve`), once, before anything heavy is imported.
+Memory-Allocation-Tunables.html): one fault per 2 MiB instead of per 4 KiB.
 
-It does nothing where it cannot help: not Linux with glibc >= 2.35, transparent huge pages
-`always` (large blocks get them already) or `never` (none to get), or `glibc.malloc.hugetlb`
-already in GLIBC_TUNABLES. The last is the way to opt out:
-`GLIBC_TUNABLES=glibc.malloc.hugetlb=0 python -m transformer.main ...`.
+Opt-in: set that tunable yourself, or `TRANSFORMER_HUGE_PAGES=1` for `python -m
+transformer.main`. The tunable is read when a process starts, so with the opt-in
+`use_huge_pages` runs the same command again in the same process (`execve`), once, before
+anything heavy is imported, where huge pages can help: Linux with glibc >= 2.35, transparent
+huge pages in `madvise` mode (in `always` large blocks get them already, in `never` there are
+none), and `glibc.malloc.hugetlb` not already in GLIBC_TUNABLES. Without the opt-in the command
+runs once, as it was started.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import sys
 from collections.abc import Mapping
 
 TUNABLE = "glibc.malloc.hugetlb"
+OPT_IN = "TRANSFORMER_HUGE_PAGES"  # =1: `use_huge_pages` may run the command again
 THP_ENABLED = "/sys/kernel/mm/transparent_hugepage/enabled"
 
 
@@ -73,15 +75,19 @@ def state() -> str:
   setting = _hugetlb_setting(os.environ.get("GLIBC_TUNABLES", ""))
   if setting:
     return f"GLIBC_TUNABLES {setting} (transparent huge pages: {thp_mode()})"
-  return (f"glibc's default pages (transparent huge pages: {thp_mode()}; "
+  line = (f"glibc's default pages (transparent huge pages: {thp_mode()}; "
           f"libc: {' '.join(platform.libc_ver()) or 'unknown'})")
+  if huge_pages_environment(os.environ, platform.libc_ver(), thp_mode()) is not None:
+    line += f"; {OPT_IN}=1 would put its large blocks on huge pages"
+  return line
 
 
 def use_huge_pages() -> None:
-  """Runs this command again, in this process and with the same arguments, with
-  `glibc.malloc.hugetlb=1` where `huge_pages_environment` says so; else returns."""
+  """With `TRANSFORMER_HUGE_PAGES=1` in the environment, runs this command again, in this
+  process and with the same arguments, with `glibc.malloc.hugetlb=1` where
+  `huge_pages_environment` says so; else returns."""
   argv = getattr(sys, "orig_argv", None)
-  if sys.platform != "linux" or not argv:
+  if os.environ.get(OPT_IN) != "1" or sys.platform != "linux" or not argv:
     return
   env = huge_pages_environment(os.environ, platform.libc_ver(), thp_mode())
   if env is not None:

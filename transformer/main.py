@@ -243,8 +243,8 @@ def run() -> None:
 
 
 if __name__ == "__main__":
-  # Before JAX allocates anything, and only as the command itself (never from a caller's
-  # process): this may run the same command again, once, with glibc's large blocks on huge
-  # pages (transformer/host_memory.py).
+  # Opt-in (TRANSFORMER_HUGE_PAGES=1), before JAX allocates anything and only as the command
+  # itself: runs the same command again, once, with glibc's large blocks on huge pages
+  # (transformer/host_memory.py).
   host_memory.use_huge_pages()
   run()

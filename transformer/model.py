@@ -43,7 +43,7 @@ class ModelConfig:
   d_kv: int = 0  # d_k = d_v; 0 means d_model // num_heads as in the paper
   dropout_rate: float = 0.1  # P_drop, on sublayer outputs and embedding sums
   attention_dropout_rate: float = 0.0  # on attention weights (not in the paper)
-  dropout_mask_bits: int = 8  # mask resolution (dropout.py): 8 is free on CPU, 32 exact
+  dropout_mask_bits: int = 8  # mask resolution (dropout.py): 8 hashes 4x less, 32 exact
   max_len: int = 256  # length of the positional table
   positional: str = "sinusoidal"  # or "learned" (Table 3, row E)
   share_embeddings: bool = True  # source, target and pre-softmax weights (section 3.4)
@@ -126,25 +126,43 @@ def sinusoidal_positions(max_len: int, d_model: int) -> np.ndarray:
   return pe.astype(np.float32)
 
 
-def project(x: Array, w: Array, inputs: int = 1) -> Array:
-  """x [..., *w.shape[:inputs]] times w, contracting those axes: [..., *w.shape[inputs:]].
+# ------------------------------------------------------------------ incremental decoding
+# A decoder made with `decode=True` keeps its state in the 'cache' collection. `init` with
+# full-length inputs sizes the cache (the target length is that of the longest output); every
+# later call names what it does with the cache, after MaxText's model modes:
+MODE_PREFILL = "prefill"  # project the encoder output into the per-source entries, once
+MODE_AUTOREGRESSIVE = "autoregressive"  # one target token: extend the cache and attend over it
+DECODE_MODES = (MODE_PREFILL, MODE_AUTOREGRESSIVE)
 
-  As one 2-D matrix product of the tokens flattened into rows: XLA:CPU runs the einsum
-  "bqd,dhk->bqhk" and its gradients about a third more slowly, with transposes of the
-  activations around the products.
-  """
-  lead = x.shape[:x.ndim - inputs]
-  d_in = int(np.prod(w.shape[:inputs]))
-  y = x.reshape(-1, d_in) @ w.reshape(d_in, -1)
-  return y.reshape(*lead, *w.shape[inputs:])
+# The cache entries of `MultiHeadAttention` and `Decoder`, by their name in the collection.
+CROSS_KEY, CROSS_VALUE = "cross_key", "cross_value"  # [b, s, h, k] encoder-side keys, values
+CACHED_KEY, CACHED_VALUE = "cached_key", "cached_value"  # [b, L, h, k] self-attention's
+KV_OWNER = "kv_owner"  # bool [b, K, L]: which row of its group holds each past position
+CACHE_INDEX = "cache_index"  # int [b]: the next position to write (equal in every row)
+POSITION = "position"  # int [b]: the decoder's next target position
+# What beam search may do with them (`translate.beam_reorder_mask`). Per source: they depend on
+# the encoder output alone, so the beams of a sentence share them; beam search tiles them once
+# and never reorders them.
+PER_SOURCE_CACHE = (CROSS_KEY, CROSS_VALUE)
+# In place: every row keeps the keys and values it computed. Rows come in groups of K, the
+# beams of a sentence (K = 1 without beam search), and KV_OWNER says, for the hypothesis now in
+# a row, which row of its group holds each of its past positions. With K > 1 beam search
+# reorders KV_OWNER only, instead of copying every layer's caches at every step; with K = 1 it
+# reorders them with the rows.
+IN_PLACE_CACHE = (CACHED_KEY, CACHED_VALUE)
 
 
 class MultiHeadAttention(nn.Module):
   """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
 
-  Self-attention when `inputs_kv` is None, cross-attention otherwise. With `decode=True` and
-  self-attention it keeps an incremental-decoding cache (collection 'cache'): the first call
-  (under `init`) with full-length inputs sizes it; later calls take one token [b, 1, d] each.
+  Self-attention when `inputs_kv` is None, cross-attention otherwise. With `decode=True` it
+  keeps an incremental-decoding cache (collection 'cache'; entries above): `init` with
+  full-length inputs sizes it, and `mode` says what a call does with it. MODE_PREFILL: a
+  cross-attention projects and stores the encoder-side keys and values, a self-attention
+  attends over the call's tokens as in training and leaves its cache alone.
+  MODE_AUTOREGRESSIVE: a cross-attention reads the stored keys and values, a self-attention
+  takes one token [b, 1, d], writes its key and value at the cache index and attends over its
+  group's cache (`_cached_attention`).
   """
 
   num_heads: int
@@ -156,6 +174,7 @@ class MultiHeadAttention(nn.Module):
   implementation: str = "xla"
   chunk_size: int = 128
   decode: bool = False
+  mode: str = MODE_AUTOREGRESSIVE  # with decode=True: one of DECODE_MODES
 
   @nn.compact
   def __call__(
@@ -173,11 +192,12 @@ class MultiHeadAttention(nn.Module):
     """inputs_q [b, q, d], inputs_kv [b, kv, d], mask bool broadcastable to [b, h, q, kv],
     kv_mask bool [b, kv] (True = real key), q_segment_ids int [b, q] and kv_segment_ids
     int [b, kv] (packed rows: attend within a segment only). Returns [b, q, d]."""
+    if self.decode and self.mode not in DECODE_MODES:
+      raise ValueError(f"decoding mode must be one of {DECODE_MODES}, got {self.mode!r}")
     head_dim = self.head_dim or self.d_model // self.num_heads
     self_attention = inputs_kv is None
     inputs_kv = inputs_q if self_attention else inputs_kv
 
-    d_in_q, d_in_kv = inputs_q.shape[-1], inputs_kv.shape[-1]
     # W^Q, W^K, W^V: [d, h, k] per head; Glorot fans over the input and the concatenated heads.
     proj_init = nn.initializers.xavier_uniform(in_axis=0, out_axis=(1, 2))
 
@@ -188,158 +208,109 @@ class MultiHeadAttention(nn.Module):
 
     inputs_q = inputs_q.astype(self.dtype)
     inputs_kv = inputs_kv.astype(self.dtype)
-    query = project(inputs_q, weight("query", d_in_q))
-    w_k, w_v = weight("key", d_in_kv), weight("value", d_in_kv)
+    w_q = weight("query", inputs_q.shape[-1])
+    w_k, w_v = weight("key", inputs_kv.shape[-1]), weight("value", inputs_kv.shape[-1])
+    query = jnp.einsum("bqd,dhk->bqhk", inputs_q, w_q)
 
     def project_kv():
-      return project(inputs_kv, w_k), project(inputs_kv, w_v)
+      return (jnp.einsum("bsd,dhk->bshk", inputs_kv, w_k),
+              jnp.einsum("bsd,dhk->bshk", inputs_kv, w_v))
 
     if self.decode and not self_attention:
-      key, value = self._cached_cross_kv(project_kv, inputs_kv.shape[:2], head_dim)
+      key, value = self._encoder_side_kv(project_kv, inputs_kv.shape[:2], head_dim)
     else:
       key, value = project_kv()
-    owners = None
+    x = None  # [b, q, h, k]
     if self.decode and self_attention:
-      key, value, mask, kv_mask, is_causal, owners = self._update_cache(key, value, mask,
-                                                                        kv_mask, is_causal)
-
-    dropout_rng = None
-    if self.dropout_rate > 0.0 and not deterministic:
-      dropout_rng = self.make_rng("dropout")
-    if owners is not None:
-      x = _beam_group_attention(query, key, value, owners)
-    else:
+      x = self._self_attention_step(query, key, value, mask, kv_mask, q_segment_ids)
+    if x is None:
+      dropout_rng = None
+      if self.dropout_rate > 0.0 and not deterministic:
+        dropout_rng = self.make_rng("dropout")
       x = attn_lib.dot_product_attention(
         query, key, value, mask, kv_mask=kv_mask, is_causal=is_causal,
         q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
         dropout_rate=self.dropout_rate, dropout_rng=dropout_rng, dropout_bits=self.dropout_bits,
         deterministic=deterministic, implementation=self.implementation,
         chunk_size=self.chunk_size,
-      )  # [b, q, h, k]
+      )
     # W^O: [h, k, d]; the product over (h, k) is Concat(head_1..head_h) W^O.
     w_o = self.param(
       "out", _init(("heads", "kv", "embed"),
                    nn.initializers.xavier_uniform(in_axis=(0, 1), out_axis=2)),
       (self.num_heads, head_dim, self.d_model), jnp.float32,
     )
-    return project(x, w_o.astype(self.dtype), inputs=2)
+    return jnp.einsum("bqhk,hkd->bqd", x, w_o.astype(self.dtype))
 
-  def _cached_cross_kv(self, project_kv, batch_and_length, head_dim):
-    """Encoder-side keys and values, projected at the first decoding step only.
+  def _encoder_side_kv(self, project_kv, batch_and_length, head_dim):
+    """The cross-attention's keys and values [b, s, h, k]: projected by MODE_PREFILL (and
+    `init`) and stored, read as stored by every MODE_AUTOREGRESSIVE step.
 
-    They depend on the encoder output alone, and recomputing them each step would cost
+    They depend on the encoder output alone, and projecting them at every step would cost
     more than the rest of the step (2 * s * d^2 per layer against ~12 * d^2).
     """
-    initialized = self.has_variable("cache", "cross_key")
-    batch, length = batch_and_length
-    # Stored heads-major [b, h, s, k], the layout of the attention's batched matmuls, so that
-    # no step transposes the cache.
-    shape = (batch, self.num_heads, length, head_dim)
-    cached_key = self.variable("cache", "cross_key", jnp.zeros, shape, self.dtype)
-    cached_value = self.variable("cache", "cross_value", jnp.zeros, shape, self.dtype)
-    if initialized and not self.has_variable("cache", "cross_ready"):
-      # Filled before the decoding loop (`translate.prefill_cache` drops the flag): a plain
-      # read, with no conditional whose output layout would force a copy every step.
-      return jnp.swapaxes(cached_key.value, 1, 2), jnp.swapaxes(cached_value.value, 1, 2)
-    ready = self.variable("cache", "cross_ready", lambda: jnp.zeros(shape[:1], bool))
-    if not initialized:
-      return project_kv()
-
-    def project():
-      return tuple(jnp.swapaxes(x, 1, 2) for x in project_kv())
-
-    key, value = jax.lax.cond(
-      ready.value[0], lambda: (cached_key.value, cached_value.value), project
-    )
+    shape = (*batch_and_length, self.num_heads, head_dim)
+    cached_key = self.variable("cache", CROSS_KEY, jnp.zeros, shape, self.dtype)
+    cached_value = self.variable("cache", CROSS_VALUE, jnp.zeros, shape, self.dtype)
+    if self.mode == MODE_AUTOREGRESSIVE and not self.is_initializing():
+      return cached_key.value, cached_value.value
+    key, value = project_kv()
     cached_key.value, cached_value.value = key, value
-    ready.value = jnp.ones_like(ready.value)
-    return jnp.swapaxes(key, 1, 2), jnp.swapaxes(value, 1, 2)
+    return key, value
 
-  def _update_cache(self, key, value, mask, kv_mask, is_causal):
-    """Writes the step's key and value at the cache index; returns what attention reads.
-
-    Without a `kv_owner` cache entry, the step attends over its row's cache (positions up to
-    the index). With one (`translate.init_cache(..., beam_size=K)`), rows come in groups of K
-    (the beams of a sentence), every row keeps the keys and values it computed in place, and
-    kv_owner bool [b, K, max_len] says, for the hypothesis now in a row, which row of its group
-    holds its position p. Beam search then reorders only kv_owner, never the cache, and the
-    step attends through it (`_beam_group_attention`; `owners` is returned, else None).
-    """
-    initialized = self.has_variable("cache", "cached_key")
-    # Heads-major [b, h, max_len, k], as for the cross-attention cache.
-    heads_major = lambda x: jnp.swapaxes(x, 1, 2)
-    shape = heads_major(key).shape
-    cached_key = self.variable("cache", "cached_key", jnp.zeros, shape, key.dtype)
-    cached_value = self.variable("cache", "cached_value", jnp.zeros, shape, value.dtype)
-    # One index per batch row (all equal) so every cache leaf is batch-major; beam search
-    # and scanned layers then treat all leaves alike.
-    cache_index = self.variable(
-      "cache", "cache_index", lambda: jnp.zeros((key.shape[0],), jnp.int32)
-    )
-    if not initialized:
-      return key, value, mask, kv_mask, is_causal, None
-    if key.shape[1] != 1:
-      raise ValueError(f"decoding takes one token per call, got length {key.shape[1]}")
-    max_len = cached_key.value.shape[2]
+  def _self_attention_step(self, query, key, value, mask, kv_mask, segment_ids):
+    """With MODE_AUTOREGRESSIVE, the attention of one step [b, 1, h, k]: writes the step's key
+    and value at the cache index, marks the position as the row's own in KV_OWNER and attends
+    over the group's cache. None otherwise (`init` sizes the cache from the call's length,
+    MODE_PREFILL leaves it alone): the caller attends over the call's tokens."""
+    batch, length = key.shape[:2]
+    cached_key = self.variable("cache", CACHED_KEY, jnp.zeros, key.shape, key.dtype)
+    cached_value = self.variable("cache", CACHED_VALUE, jnp.zeros, value.shape, value.dtype)
+    owner = self.variable("cache", KV_OWNER, jnp.zeros, (batch, 1, length), bool)
+    cache_index = self.variable("cache", CACHE_INDEX, jnp.zeros, (batch,), jnp.int32)
+    if self.mode != MODE_AUTOREGRESSIVE or self.is_initializing():
+      return None
+    if length != 1:
+      raise ValueError(f"decoding takes one token per call, got length {length}")
+    if mask is not None or kv_mask is not None or segment_ids is not None:
+      raise ValueError("a cached decoding step attends over its cache and takes no mask")
     index = cache_index.value[0]
-    key = jax.lax.dynamic_update_slice_in_dim(cached_key.value, heads_major(key), index, axis=2)
-    value = jax.lax.dynamic_update_slice_in_dim(cached_value.value, heads_major(value), index,
-                                                axis=2)
-    cached_key.value, cached_value.value = key, value
+    cached_key.value = jax.lax.dynamic_update_slice_in_dim(cached_key.value, key, index, axis=1)
+    cached_value.value = jax.lax.dynamic_update_slice_in_dim(cached_value.value, value, index,
+                                                             axis=1)
     cache_index.value = cache_index.value + 1
-    if self.has_variable("cache", "kv_owner"):
-      if mask is not None or kv_mask is not None:
-        raise ValueError("beam-grouped cached attention takes no mask")
-      owner = self.variable("cache", "kv_owner")
-      rows, group = owner.value.shape[:2]
-      # Position `index` of every row's hypothesis is the row itself.
-      own = jnp.arange(group)[None, :] == (jnp.arange(rows) % group)[:, None]
-      owner.value = jax.lax.dynamic_update_slice_in_dim(owner.value, own[:, :, None], index,
-                                                        axis=2)
-      return key, value, None, None, False, owner.value
-    key, value = heads_major(key), heads_major(value)
-    # The new query at position `index` sees cache positions 0..index.
-    step_mask = jnp.broadcast_to(jnp.arange(max_len) <= index, (key.shape[0], max_len))
-    kv_mask = step_mask if kv_mask is None else kv_mask & step_mask
-    return key, value, mask, kv_mask, False, None
+    rows, group = owner.value.shape[:2]
+    # Position `index` of every row's hypothesis is the row itself.
+    own = jnp.arange(group)[None, :] == (jnp.arange(rows) % group)[:, None]  # [b, K]
+    owner.value = jax.lax.dynamic_update_slice_in_dim(owner.value, own[:, :, None], index,
+                                                      axis=2)
+    return _cached_attention(query, cached_key.value, cached_value.value, owner.value)
 
 
-def _beam_group_attention(query: Array, key: Array, value: Array, owners: Array) -> Array:
-  """One decoding step of attention over in-place beam caches.
+def _cached_attention(query: Array, key: Array, value: Array, owners: Array) -> Array:
+  """One decoding step of attention over the self-attention caches of a group of rows.
 
-  query [b, 1, h, k]; key, value: the heads-major caches [b, h, L, k]; owners bool [b, K, L]
-  (`MultiHeadAttention._update_cache`), b = sentences * K. Row r's query attends to position p
-  of row (r // K) * K + i where owners[r, i, p]. All K queries of a sentence are scored
-  against all K rows of its cache (K times the tiny score FLOPs), so each cache is read once
-  and never copied. Same arithmetic as `attention._xla_attention` over the row's own keys.
+  query [b, 1, h, k]; key, value: the caches [b, L, h, k]; owners bool [b, K, L]. Rows come in
+  groups of K (b = n * K): row n K + j attends to position l of row n K + i where
+  owners[n K + j, i, l], so beams read each other's caches where their hypotheses share a
+  prefix, and beam search never copies a cache. K = 1: every row attends over its own cache,
+  up to the current position. Same arithmetic as `attention._xla_attention`.
   Returns [b, 1, h, k].
   """
   rows, _, heads, head_dim = query.shape
   group, length = owners.shape[1:]
   n = rows // group
-  # Sentence, key row and head lead on every side, so the caches are read as stored.
-  q = query.reshape(n, group, heads, head_dim).transpose(0, 2, 1, 3)  # [n, h, r, k]
-  k = key.reshape(n, group, heads, length, head_dim)  # [n, i, h, L, k]
-  v = value.reshape(n, group, heads, length, head_dim)
-  if n == 1:
-    # One sentence (latency-bound decoding): XLA:CPU's batched dots of [K, k] x [L, k]^T
-    # blocks take about half the time of the fused multiply-reduce below.
-    q_rows = jnp.broadcast_to(q[:, None], (n, group, heads, group, head_dim))
-    logits = jax.lax.dot_general(q_rows, k, (((4,), (4,)), ((0, 1, 2), (0, 1, 2))),
-                                 preferred_element_type=jnp.float32)  # [n, i, h, r, L]
-  else:
-    # Scores as a fused multiply-reduce: from two sentences on, the batched dots above are up
-    # to several times slower than one pass over the keys.
-    logits = jnp.sum(q[:, None, :, :, None, :].astype(jnp.float32)
-                     * k[:, :, :, None, :, :].astype(jnp.float32), axis=-1)  # [n, i, h, r, L]
+  q = query.reshape(n, group, heads, head_dim)  # [n, j, h, k]
+  k = key.reshape(n, group, length, heads, head_dim)  # [n, i, l, h, k]
+  v = value.reshape(n, group, length, heads, head_dim)
+  logits = jnp.einsum("njhk,nilhk->nhjil", q, k, preferred_element_type=jnp.float32)
   logits = logits * head_dim ** -0.5
-  mask = owners.reshape(n, group, group, length).transpose(0, 2, 1, 3)[:, :, None]
+  mask = owners.reshape(n, 1, group, group, length)  # [n, 1, j, i, l]
   logits = jnp.where(mask, logits, attn_lib.MASKED)
-  weights = jnp.where(mask, jax.nn.softmax(logits, axis=(1, 4)), 0.0)
-  out = jax.lax.dot_general(weights.astype(value.dtype), v,
-                            (((4,), (3,)), ((0, 1, 2), (0, 1, 2))))  # [n, i, h, r, k]
-  out = jnp.sum(out, axis=1)  # the rows' contributions: [n, h, r, k]
-  return out.transpose(0, 2, 1, 3).reshape(rows, 1, heads, head_dim).astype(query.dtype)
+  # One softmax over every (row, position) the query may attend to.
+  weights = jnp.where(mask, jax.nn.softmax(logits, axis=(-2, -1)), 0.0)
+  out = jnp.einsum("nhjil,nilhk->njhk", weights.astype(value.dtype), v)
+  return out.reshape(rows, 1, heads, head_dim).astype(query.dtype)
 
 
 class FeedForward(nn.Module):
@@ -352,21 +323,17 @@ class FeedForward(nn.Module):
 
   @nn.compact
   def __call__(self, x: Array, deterministic: bool = True) -> Array:
-    lead = x.shape[:-1]
-    # Both products on the tokens flattened into rows, as in `project`.
     h = nn.Dense(
       self.d_ff, dtype=self.dtype, param_dtype=jnp.float32,
       kernel_init=_init(("embed", "mlp")), bias_init=_init(("mlp",), nn.initializers.zeros),
       name="wi",
-    )(x.reshape(-1, x.shape[-1]))
-    h = nn.relu(h)
-    h = _constrain(h.reshape(*lead, self.d_ff), ("batch", "length", "mlp"))
-    y = nn.Dense(
+    )(x)
+    h = _constrain(nn.relu(h), ("batch", "length", "mlp"))
+    return nn.Dense(
       self.d_model, dtype=self.dtype, param_dtype=jnp.float32,
       kernel_init=_init(("mlp", "embed")), bias_init=_init(("embed",), nn.initializers.zeros),
       name="wo",
-    )(h.reshape(-1, self.d_ff))
-    return y.reshape(*lead, self.d_model)
+    )(h)
 
 
 def make_dropout(cfg: ModelConfig) -> dropout_lib.Dropout:
@@ -397,12 +364,13 @@ class _Sublayer(nn.Module):
     return norm(x + dropout(fn(x), deterministic=self.deterministic))
 
 
-def _attention(cfg: ModelConfig, name: str, decode: bool = False) -> MultiHeadAttention:
+def _attention(cfg: ModelConfig, name: str, decode: bool = False,
+               mode: str = MODE_AUTOREGRESSIVE) -> MultiHeadAttention:
   return MultiHeadAttention(
     num_heads=cfg.num_heads, d_model=cfg.d_model, head_dim=cfg.head_dim,
     dropout_rate=cfg.attention_dropout_rate, dropout_bits=cfg.dropout_mask_bits,
-    dtype=cfg.compute_dtype,
-    implementation=cfg.attention, chunk_size=cfg.attention_chunk_size, decode=decode, name=name,
+    dtype=cfg.compute_dtype, implementation=cfg.attention, chunk_size=cfg.attention_chunk_size,
+    decode=decode, mode=mode, name=name,
   )
 
 
@@ -413,7 +381,7 @@ def _feed_forward(cfg: ModelConfig) -> FeedForward:
 class EncoderLayer(nn.Module):
   """Self-attention and feed-forward sublayers. x [b, s, d], src_mask bool [b, s] -> [b, s, d].
 
-  src_segments int [b, s] (packed rows): attention stays inside a segment.
+  segment_ids int [b, s] (packed rows): attention stays inside a segment.
   """
 
   config: ModelConfig
@@ -421,12 +389,12 @@ class EncoderLayer(nn.Module):
   scanned: bool = False  # return (x, None) as nn.scan expects
 
   @nn.compact
-  def __call__(self, x: Array, src_mask: Array, src_segments: Array | None = None):
+  def __call__(self, x: Array, src_mask: Array, segment_ids: Array | None = None):
     cfg, det = self.config, self.deterministic
     self_attention = _attention(cfg, "self_attention")
     x = _Sublayer(cfg, det, name="attention_block")(
-      x, lambda y: self_attention(y, kv_mask=src_mask, q_segment_ids=src_segments,
-                                  kv_segment_ids=src_segments, deterministic=det)
+      x, lambda y: self_attention(y, kv_mask=src_mask, q_segment_ids=segment_ids,
+                                  kv_segment_ids=segment_ids, deterministic=det)
     )
     feed_forward = _feed_forward(cfg)
     x = _Sublayer(cfg, det, name="feed_forward_block")(
@@ -440,28 +408,29 @@ class DecoderLayer(nn.Module):
   """Masked self-attention, encoder-decoder attention and feed-forward sublayers.
 
   y [b, t, d], encoded [b, s, d], src_mask bool [b, s] -> [b, t, d]. Packed rows also pass
-  tgt_segments int [b, t] and src_segments int [b, s]: a target position attends to earlier
+  segment_ids int [b, t] and src_segment_ids int [b, s]: a target position attends to earlier
   positions of its own segment and to the source positions of the same segment.
   """
 
   config: ModelConfig
   deterministic: bool = True
   decode: bool = False
+  mode: str = MODE_AUTOREGRESSIVE  # with decode=True: one of DECODE_MODES
   scanned: bool = False
 
   @nn.compact
   def __call__(self, y: Array, encoded: Array, src_mask: Array,
-               tgt_segments: Array | None = None, src_segments: Array | None = None):
+               segment_ids: Array | None = None, src_segment_ids: Array | None = None):
     cfg, det = self.config, self.deterministic
-    self_attention = _attention(cfg, "self_attention", decode=self.decode)
+    self_attention = _attention(cfg, "self_attention", self.decode, self.mode)
     y = _Sublayer(cfg, det, name="self_attention_block")(
-      y, lambda z: self_attention(z, is_causal=True, q_segment_ids=tgt_segments,
-                                  kv_segment_ids=tgt_segments, deterministic=det)
+      y, lambda z: self_attention(z, is_causal=True, q_segment_ids=segment_ids,
+                                  kv_segment_ids=segment_ids, deterministic=det)
     )
-    cross_attention = _attention(cfg, "cross_attention", decode=self.decode)
+    cross_attention = _attention(cfg, "cross_attention", self.decode, self.mode)
     y = _Sublayer(cfg, det, name="cross_attention_block")(
-      y, lambda z: cross_attention(z, encoded, kv_mask=src_mask, q_segment_ids=tgt_segments,
-                                   kv_segment_ids=src_segments, deterministic=det)
+      y, lambda z: cross_attention(z, encoded, kv_mask=src_mask, q_segment_ids=segment_ids,
+                                   kv_segment_ids=src_segment_ids, deterministic=det)
     )
     feed_forward = _feed_forward(cfg)
     y = _Sublayer(cfg, det, name="feed_forward_block")(
@@ -539,16 +508,9 @@ class Embed(nn.Module):
 
 
 def tied_logits(x: Array, embedding: Array) -> Array:
-  """x [..., d] times the transposed embedding [V, d]: float32 logits [..., V].
-
-  The tokens are flattened into one matrix dimension first: with the batch and length kept
-  apart, XLA:CPU computes the embedding's gradient by first transposing the whole [tokens, V]
-  gradient of the logits, which costs more than the product itself at d_model 256.
-  """
-  lead, d = x.shape[:-1], x.shape[-1]
-  logits = jnp.einsum("md,vd->mv", x.reshape(-1, d), embedding.astype(x.dtype),
-                      preferred_element_type=jnp.float32)
-  return logits.reshape(*lead, embedding.shape[0])
+  """x [..., d] times the transposed embedding [V, d]: float32 logits [..., V]."""
+  return jnp.einsum("...d,vd->...v", x, embedding.astype(x.dtype),
+                    preferred_element_type=jnp.float32)
 
 
 class Encoder(nn.Module):
@@ -583,11 +545,11 @@ class Decoder(nn.Module):
   """Embeds the shifted target, applies N decoder layers, projects to the vocabulary.
 
   tgt_in int [b, t] (target shifted right, 0 first), encoded [b, s, d], src_mask bool [b, s]
-  -> float32 logits [b, t, V]. With `decode=True`, t = 1 and positions come from the cache.
-  Packed rows: segment_ids int [b, t] and positions int [b, t] of the target, src_segment_ids
-  int [b, s] of the source (0 = padding on both). output_kernel [d, V]: the tied embedding
-  transposed once before a decoding loop (`translate.output_kernel`), used instead of it for
-  the logits (the same products; XLA:CPU multiplies a few rows by it about twice as fast).
+  -> float32 logits [b, t, V]. Packed rows: segment_ids int [b, t] and positions int [b, t] of
+  the target, src_segment_ids int [b, s] of the source (0 = padding on both).
+
+  With `decode=True` the call's `mode` (DECODE_MODES) drives the cache: MODE_AUTOREGRESSIVE
+  takes t = 1 and its position from the cache; MODE_PREFILL fills the per-source entries.
   """
 
   config: ModelConfig
@@ -598,15 +560,14 @@ class Decoder(nn.Module):
   def __call__(self, tgt_in: Array, encoded: Array, src_mask: Array,
                deterministic: bool = True, *, segment_ids: Array | None = None,
                positions: Array | None = None, src_segment_ids: Array | None = None,
-               output_kernel: Array | None = None) -> Array:
+               mode: str = MODE_AUTOREGRESSIVE) -> Array:
     cfg = self.config
     embed = self.shared_embedding or Embed(cfg, name="embed")
     if self.decode:
-      initialized = self.has_variable("cache", "position")
-      position = self.variable(
-        "cache", "position", lambda: jnp.zeros((tgt_in.shape[0],), jnp.int32)
-      )
-      if initialized:
+      if mode not in DECODE_MODES:
+        raise ValueError(f"decoding mode must be one of {DECODE_MODES}, got {mode!r}")
+      position = self.variable("cache", POSITION, jnp.zeros, (tgt_in.shape[0],), jnp.int32)
+      if mode == MODE_AUTOREGRESSIVE and not self.is_initializing():
         positions = position.value[:, None]
         position.value = position.value + 1
     y = make_dropout(cfg)(embed(tgt_in, positions), deterministic=deterministic)
@@ -614,15 +575,13 @@ class Decoder(nn.Module):
     args = (encoded, src_mask)
     if segment_ids is not None:
       args += (segment_ids, src_segment_ids)
-    y = _layer_stack(DecoderLayer, cfg, y, args, deterministic=deterministic, decode=self.decode)
+    y = _layer_stack(DecoderLayer, cfg, y, args, deterministic=deterministic, decode=self.decode,
+                     mode=mode)
     if cfg.pre_layer_norm:
       y = nn.LayerNorm(dtype=cfg.compute_dtype, param_dtype=jnp.float32, name="final_norm",
                        scale_init=_init(("embed",), nn.initializers.ones),
                        bias_init=_init(("embed",), nn.initializers.zeros))(y)
-    if cfg.share_embeddings and output_kernel is not None:
-      logits = jnp.einsum("btd,dv->btv", y, output_kernel.astype(y.dtype),
-                          preferred_element_type=jnp.float32)
-    elif cfg.share_embeddings:
+    if cfg.share_embeddings:
       logits = embed.attend(y)
     else:
       logits = nn.Dense(cfg.vocab_size, use_bias=False, dtype=cfg.compute_dtype,
@@ -645,7 +604,13 @@ def shift_right(targets: Array, segment_ids: Array | None = None) -> Array:
 
 
 class Transformer(nn.Module):
-  """The encoder-decoder. `__call__(inputs, targets, train=False) -> logits [b, t, V]`."""
+  """The encoder-decoder. `__call__(inputs, targets, train=False) -> logits [b, t, V]`.
+
+  With `incremental=True` the decoder keeps a cache (collection 'cache'), used in this order:
+  `init` with full-length inputs sizes it (`translate.init_cache`); one `decode_logits` call in
+  MODE_PREFILL fills its per-source entries from the encoder output
+  (`translate.prefill_cache`); then one MODE_AUTOREGRESSIVE call per target token.
+  """
 
   config: ModelConfig
   # Incremental decoding with a KV cache (named so as not to shadow the `decode` method).
@@ -668,15 +633,15 @@ class Transformer(nn.Module):
                         positions=positions)
 
   def decode_logits(self, encoded: Array, inputs: Array, tgt_in: Array,
-                    train: bool = False, *, output_kernel: Array | None = None,
+                    train: bool = False, *, mode: str = MODE_AUTOREGRESSIVE,
                     **packing: Array | None) -> Array:
     """Decoder logits [b, t, V] for decoder input tgt_in [b, t] (already shifted right).
 
-    `packing`: segment_ids, positions [b, t] and src_segment_ids [b, s]; output_kernel
-    [d, V]: the tied embedding transposed (see `Decoder`).
+    `packing`: segment_ids, positions [b, t] and src_segment_ids [b, s]. `mode`: what an
+    incremental model does with its cache (`Decoder`).
     """
-    return self.decoder(tgt_in, encoded, inputs > 0, deterministic=not train,
-                        output_kernel=output_kernel, **packing)
+    return self.decoder(tgt_in, encoded, inputs > 0, deterministic=not train, mode=mode,
+                        **packing)
 
   def decode(self, encoded: Array, inputs: Array, targets: Array, train: bool = False,
              **packing: Array | None) -> Array:
@@ -686,8 +651,8 @@ class Transformer(nn.Module):
     return self.decode_logits(encoded, inputs, tgt_in, train, **packing)
 
   def __call__(self, inputs: Array, targets: Array, train: bool = False, *,
-               inputs_segmentation: Array | None = None, inputs_position: Array | None = None,
-               targets_segmentation: Array | None = None,
+               inputs_segment_ids: Array | None = None, inputs_position: Array | None = None,
+               targets_segment_ids: Array | None = None,
                targets_position: Array | None = None) -> Array:
     """inputs int [b, s], targets int [b, t] (0 = padding) -> float32 logits [b, t, V].
 
@@ -696,11 +661,11 @@ class Transformer(nn.Module):
     never crosses segments, positions restart per segment and each segment's decoder input is
     shifted on its own. Segments are given for both sides or for none.
     """
-    if (inputs_segmentation is None) != (targets_segmentation is None):
-      raise ValueError("inputs_segmentation and targets_segmentation go together")
-    encoded = self.encode(inputs, train, segment_ids=inputs_segmentation,
+    if (inputs_segment_ids is None) != (targets_segment_ids is None):
+      raise ValueError("inputs_segment_ids and targets_segment_ids go together")
+    encoded = self.encode(inputs, train, segment_ids=inputs_segment_ids,
                           positions=inputs_position)
-    if targets_segmentation is None:
+    if targets_segment_ids is None:
       return self.decode(encoded, inputs, targets, train, positions=targets_position)
-    return self.decode(encoded, inputs, targets, train, segment_ids=targets_segmentation,
-                       positions=targets_position, src_segment_ids=inputs_segmentation)
+    return self.decode(encoded, inputs, targets, train, segment_ids=targets_segment_ids,
+                       positions=targets_position, src_segment_ids=inputs_segment_ids)

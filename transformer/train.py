@@ -34,7 +34,13 @@ from transformer.model import ModelConfig
 from transformer.model_family import build_model, count_params
 from transformer.prefetch import Prefetcher
 from transformer.profiling import Profiler
-from transformer.train_state import TrainState, make_eval_step, make_optimizer, make_train_step
+from transformer.train_state import (
+  TrainState,
+  learning_rate_schedule,
+  make_eval_step,
+  make_optimizer,
+  make_train_step,
+)
 from transformer.translate import Translator, translate_and_score
 from transformer.validate import validate
 
@@ -47,7 +53,11 @@ class Trainer:
     self.mesh = mesh
     self.model_config = model_config
     self.model = build_model(model_config)
-    self.tx = make_optimizer(config)
+    opt = config.optimizer
+    # Equation 3, built once: the optimiser follows it and the metrics log it.
+    self.learning_rate_fn = learning_rate_schedule(model_config.d_model, opt.warmup_steps,
+                                                   opt.learning_rate_scale)
+    self.tx = make_optimizer(config, self.learning_rate_fn)
     self.rules = sharding_lib.rules(config)
 
     def init_boxed(rng):
@@ -69,8 +79,7 @@ class Trainer:
     self._init = jax.jit(lambda rng: nn.unbox(init_boxed(rng)),
                          out_shardings=self.state_shardings)
     self._train_step = jax.jit(
-      make_train_step(self.model, self.tx, config.label_smoothing, config.grad_accum_steps,
-                      platform=mesh.devices.flat[0].platform),
+      make_train_step(self.model, self.tx, config.label_smoothing, config.grad_accum_steps),
       in_shardings=(self.state_shardings, batch, replicated),
       out_shardings=(self.state_shardings, replicated),
       donate_argnums=0,
@@ -130,7 +139,7 @@ class Trainer:
     keys = {"inputs": source, "targets": target}
     if len(lengths) == 2:
       keys.update({f"{side}_{what}": keys[side] for side in ("inputs", "targets")
-                   for what in ("segmentation", "position")})
+                   for what in ("segment_ids", "position")})
     sharding = sharding_lib.batch_sharding(self.mesh)
     return {k: jax.ShapeDtypeStruct((rows, n), jnp.int32, sharding=sharding)
             for k, n in keys.items()}
@@ -157,11 +166,8 @@ class Trainer:
     return {key: self._compiled_train[key] for key in train}
 
   def learning_rate(self, step: int) -> float:
-    from transformer.train_state import learning_rate_schedule
-
-    opt = self.config.optimizer
-    return float(learning_rate_schedule(self.model_config.d_model, opt.warmup_steps,
-                                        opt.learning_rate_scale)(step))
+    """The learning rate of the update after `step` updates (`learning_rate_fn`)."""
+    return float(self.learning_rate_fn(step))
 
 
 def shape_key(batch: dict[str, Any]) -> tuple:

@@ -46,12 +46,11 @@ def learning_rate_schedule(d_model: int, warmup_steps: int, scale: float = 1.0) 
   return schedule
 
 
-def make_optimizer(config: Any) -> optax.GradientTransformation:
-  """Adam(b1, b2, eps) (section 5.3) on the schedule above, optional global-norm clipping."""
+def make_optimizer(config: Any, learning_rate_fn: Callable) -> optax.GradientTransformation:
+  """Adam(b1, b2, eps) (section 5.3) on `learning_rate_fn` (`learning_rate_schedule`, built
+  once by the caller, which also logs it), with optional global-norm clipping."""
   opt = config.optimizer
-  schedule = learning_rate_schedule(config.model.d_model, opt.warmup_steps,
-                                    opt.learning_rate_scale)
-  adam = optax.adam(schedule, b1=opt.b1, b2=opt.b2, eps=opt.eps)
+  adam = optax.adam(learning_rate_fn, b1=opt.b1, b2=opt.b2, eps=opt.eps)
   if opt.grad_clip_norm > 0:
     return optax.chain(optax.clip_by_global_norm(opt.grad_clip_norm), adam)
   return adam
@@ -67,7 +66,7 @@ def cross_entropy(logits: Array, targets: Array, label_smoothing: float) -> tupl
   The gradient with respect to the logits is written out (p - q for the smoothed loss, p minus
   the one-hot target for nll, p = softmax(logits)): one elementwise pass over [b, t, V]. The
   derived one keeps log p and scatters the target's entry into a zeroed [b, t, V] array: more
-  passes over the largest arrays of the step, which on CPU are memory-bound.
+  passes over the largest arrays of the step.
   """
   vocab = logits.shape[-1]
   confidence = 1.0 - label_smoothing
@@ -111,16 +110,7 @@ def loss_sums(logits: Array, targets: Array, label_smoothing: float) -> dict[str
   """Sums over non-padding tokens (targets > 0): loss, nll, correct, tokens."""
   weights = (targets > 0).astype(jnp.float32)
   smoothed, nll = cross_entropy(logits, targets, label_smoothing)
-  # jnp.argmax (the first largest logit, NaN counting as largest) in two short passes: the
-  # largest of each block of the vocabulary, then the first block holding the overall one,
-  # then the first largest inside it. XLA:CPU's index-tracking reduction over all V logits
-  # costs several times a plain max over them.
-  vocab = logits.shape[-1]
-  block = max(n for n in range(1, 65) if vocab % n == 0)
-  blocks = logits.reshape(*logits.shape[:-1], vocab // block, block)
-  first_block = jnp.argmax(blocks.max(-1), -1)
-  inside = jnp.take_along_axis(blocks, first_block[..., None, None], axis=-2)[..., 0, :]
-  predicted = first_block * block + jnp.argmax(inside, -1)
+  predicted = jnp.argmax(logits, axis=-1)
   correct = (predicted == targets).astype(jnp.float32)
   return {
     "loss": (smoothed * weights).sum(),
@@ -155,8 +145,7 @@ def split_micro_batches(batch: dict[str, Array], k: int) -> dict[str, Array]:
 
 
 def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
-                    label_smoothing: float, grad_accum_steps: int = 1,
-                    platform: str | None = None) -> Callable:
+                    label_smoothing: float, grad_accum_steps: int = 1) -> Callable:
   """Returns the pure `train_step(state, batch, rng) -> (state, metrics)`.
 
   batch: {'inputs': int32 [b, s], 'targets': int32 [b, t]}, and for packed rows also the
@@ -171,9 +160,6 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
   as with k = 1, not a mean of micro-batch means. Micro-batch i draws its dropout masks from
   `fold_in(fold_in(rng, step), i)`. Metrics are the whole batch's, as with k = 1; k = 1 is
   the single pass, unchanged.
-
-  `platform` ('cpu', 'gpu', 'tpu') is that of the devices the step runs on (the mesh's; by
-  default the process's default backend): it picks how a non-finite update is skipped.
   """
   if isinstance(grad_accum_steps, bool) or not isinstance(grad_accum_steps, int) or (
       grad_accum_steps < 1):
@@ -227,19 +213,11 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
       updates, new_opt_state = tx.update(grads, opt_state, params)
       return optax.apply_updates(params, updates), new_opt_state
 
-    # Skip a non-finite update entirely: parameters and Adam moments stay as they were. On
-    # CPU a conditional, not a select of new and old values: XLA:CPU copies every donated
-    # parameter and moment before a select that reads the old ones (3 x the parameters' bytes
-    # every step), while a conditional's branch updates them in place. For the same reason the
-    # metrics read the norm of the parameters after the step. On GPUs XLA reads a
-    # conditional's predicate back to the host, which would stall every step: a select there.
-    if (platform or jax.default_backend()) == "cpu":
-      new_params, new_opt_state = jax.lax.cond(finite, update, lambda p, o, g: (p, o),
-                                               state.params, state.opt_state, grads)
-    else:
-      keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
-      new_params, new_opt_state = keep(update(state.params, state.opt_state, grads),
-                                       (state.params, state.opt_state))
+    # Skip a non-finite update entirely: parameters and Adam moments keep their old values.
+    # A select rather than a conditional, so that no device waits on the predicate.
+    keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+    new_params, new_opt_state = keep(update(state.params, state.opt_state, grads),
+                                     (state.params, state.opt_state))
     in_a_row = jnp.where(finite, 0, state.nonfinite_in_a_row + 1)
     new_state = state.replace(
       step=state.step + 1,

@@ -11,7 +11,6 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -19,9 +18,10 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from transformer import bleu as bleu_lib
 from transformer import decode as decode_lib
+from transformer import model as model_lib
 from transformer import sharding as sharding_lib
 from transformer import storage
-from transformer.data.tokenizer import EOS_ID, PAD_ID
+from transformer.data.tokenizer import EOS_ID, PAD_ID, truncate
 from transformer.model import ModelConfig
 from transformer.model_family import build_model
 
@@ -32,10 +32,11 @@ def init_cache(model_config: ModelConfig, batch: int, src_len: int, max_len: int
                beam_size: int = 1) -> Any:
   """A zero cache for `batch` rows and outputs of up to `max_len` tokens (no FLOPs spent).
 
-  With beam_size K > 1 (the cache of a beam search over `batch` sentences, which tiles it to
-  batch * K rows) every self-attention cache also gets `kv_owner` bool [batch, K, max_len]:
-  the beams keep their keys and values in place and beam search reorders only kv_owner
-  (`model.MultiHeadAttention._update_cache`, `beam_reorder_mask`).
+  Its self-attention caches are kept in place (`model.IN_PLACE_CACHE`) by groups of
+  `beam_size` rows: a beam search over `batch` sentences tiles the cache to batch * K rows,
+  the beams of a sentence keep their keys and values where they computed them, and beam search
+  reorders only the `model.KV_OWNER` tables (`beam_reorder_mask`). Fill the per-source entries
+  with `prefill_cache` before the first step.
   """
   model = build_model(model_config, incremental=True)
   shapes = jax.eval_shape(
@@ -45,98 +46,55 @@ def init_cache(model_config: ModelConfig, batch: int, src_len: int, max_len: int
     )["cache"]
   )
   cache = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-  return _add_owners(cache, beam_size) if beam_size > 1 else cache
+  return _map_entries(cache, lambda name, x: _owner_groups(x, beam_size)
+                      if name == model_lib.KV_OWNER else x)
 
 
-def _add_owners(tree: Any, beam_size: int) -> Any:
-  if not isinstance(tree, dict):
-    return tree
-  out = {k: _add_owners(v, beam_size) for k, v in tree.items()}
-  if "cached_key" in tree:
-    shape = tree["cached_key"].shape  # [b, (layers,) h, max_len, k]
-    out["kv_owner"] = jnp.zeros(shape[:-3] + (beam_size, shape[-2]), bool)
-  return out
+def _map_entries(cache: Any, fn: Callable[[str, Any], Any]) -> Any:
+  """`cache` with every entry x (a leaf, by its name in the collection) replaced by fn(name, x)."""
+  return {k: _map_entries(v, fn) if isinstance(v, dict) else fn(k, v) for k, v in cache.items()}
 
 
-# Decoder cache entries that depend on the source only (model.MultiHeadAttention's
-# encoder-side keys and values): the same for every beam of a sentence.
-BEAM_INVARIANT_CACHE = ("cross_key", "cross_value", "cross_ready")
-# Self-attention keys and values, kept in place by the beams when `kv_owner` is present.
-IN_PLACE_CACHE = ("cached_key", "cached_value")
+def _owner_groups(owner: Array, beam_size: int) -> Array:
+  """A zero KV_OWNER table [b, (layers,) K, L] for groups of K = beam_size rows."""
+  return jnp.zeros(owner.shape[:-2] + (beam_size, owner.shape[-1]), owner.dtype)
 
 
 def beam_reorder_mask(cache: Any) -> Any:
-  """Bools with the structure of a model cache: False for the leaves that beam search never
-  reorders (`decode.beam_search`'s `reorder`): the `BEAM_INVARIANT_CACHE` ones, and the
-  `IN_PLACE_CACHE` ones of a module that has a `kv_owner` entry (`init_cache` with beams)."""
+  """Bools with the structure of a model cache: False for the entries that beam search never
+  reorders (`decode.beam_search`'s `reorder`): the per-source ones (`model.PER_SOURCE_CACHE`),
+  and the in-place ones (`model.IN_PLACE_CACHE`) of a module whose rows form groups of K > 1
+  (`init_cache` with beams)."""
 
-  def mask(tree: Any, in_place: bool) -> Any:
-    if not isinstance(tree, dict):
-      return not in_place
-    in_place = "kv_owner" in tree
-    return {k: False if k in BEAM_INVARIANT_CACHE
-            else mask(v, in_place and k in IN_PLACE_CACHE) for k, v in tree.items()}
+  def mask(tree: Any) -> Any:
+    owner = tree.get(model_lib.KV_OWNER)
+    in_place = model_lib.IN_PLACE_CACHE if owner is not None and owner.shape[-2] > 1 else ()
+    return {k: mask(v) if isinstance(v, dict)
+            else k not in model_lib.PER_SOURCE_CACHE and k not in in_place
+            for k, v in tree.items()}
 
-  return mask(cache, False)
-
-
-def _has_key(tree: Any, name: str) -> bool:
-  return isinstance(tree, dict) and any(k == name or _has_key(v, name) for k, v in tree.items())
-
-
-def _merge_cross(fresh: Any, stepped: Any) -> Any:
-  """`fresh` with the encoder-side keys and values of `stepped` and no `cross_ready` flags."""
-  if not isinstance(fresh, dict):
-    return fresh
-  out = {}
-  for k, v in fresh.items():
-    if k == "cross_ready":
-      continue
-    if k in ("cross_key", "cross_value"):
-      out[k] = stepped[k]
-    else:
-      out[k] = _merge_cross(v, stepped[k]) if k in stepped else v
-  return out
-
-
-def _without(tree: Any, name: str) -> Any:
-  if not isinstance(tree, dict):
-    return tree
-  return {k: _without(v, name) for k, v in tree.items() if k != name}
+  return mask(cache)
 
 
 def prefill_cache(model_config: ModelConfig, params: Any, encoded: Array, inputs: Array,
                   cache: Any) -> Any:
-  """A fresh cache (`init_cache`) with the encoder-side keys and values filled in.
+  """`cache` with the per-source entries filled in (`model.PER_SOURCE_CACHE`): the encoder-side
+  keys and values, projected once per sentence before the decoding loop.
 
-  encoded [b, s, d], inputs int32 [b, s]. One decoder step on a dummy token projects them; its
-  other cache updates are discarded. The `cross_ready` flags are dropped, which tells the
-  model that the keys and values are ready, so the steps of the decoding loop read them with
-  no conditional. Beam search then tiles them (projected once per sentence, not per beam). A
-  cache without them (another model family) is returned unchanged.
+  encoded [b, s, d], inputs int32 [b, s], on the untiled batch (beam search then tiles them,
+  so they are projected once per sentence, not per beam). One decoder call in
+  `model.MODE_PREFILL` on the start token projects them and changes no other entry. A model
+  without per-source entries (the LSTM baseline) gets its cache back unchanged.
   """
-  if not _has_key(cache, "cross_ready"):
+  if model_config.kind != "transformer":
     return cache
   step_model = build_model(model_config, incremental=True)
   _, mutated = step_model.apply(
-    # Without the beam groups: this step runs on the untiled batch.
-    {"params": params, "cache": _without(cache, "kv_owner")}, encoded, inputs,
+    {"params": params, "cache": cache}, encoded, inputs,
     jnp.zeros((inputs.shape[0], 1), jnp.int32), method=type(step_model).decode_logits,
-    mutable=["cache"],
+    mode=model_lib.MODE_PREFILL, mutable=["cache"],
   )
-  return _merge_cross(cache, mutated["cache"])
-
-
-def output_kernel(model_config: ModelConfig, params: Any) -> Array | None:
-  """The Transformer's tied pre-softmax weights as [d, V] (its embedding [V, d] transposed),
-  made once before a decoding loop and passed to every step (`Transformer.decode_logits`):
-  XLA:CPU multiplies the few rows of a step (the beams of one sentence) by this layout about
-  twice as fast, and the loop cannot transpose it once itself (XLA folds a transpose into
-  the product). None for a model without tied embeddings. Costs one copy of the embedding.
-  """
-  if model_config.kind != "transformer" or not model_config.share_embeddings:
-    return None
-  return jnp.transpose(nn.unbox(params)["embed"]["embedding"])
+  return mutated["cache"]
 
 
 METHODS = ("beam", "greedy", "sample")
@@ -204,14 +162,12 @@ def decode_hypotheses(params: Any, inputs: Array, model_config: ModelConfig, sea
     cache, reorder = (cache, jnp.zeros((batch,), jnp.int32)), (reorder, True)
   if beams > 1:
     encoded, inputs = decode_lib.tile_beams((encoded, inputs), beams)
-  kernel = output_kernel(model_config, params)
-  step_kwargs = {} if kernel is None else {"output_kernel": kernel}
 
   def tokens_to_logits(ids, cache):
     model_cache, step = cache if logits_filter is not None else (cache, None)
     logits, mutated = step_model.apply(
       {"params": params, "cache": model_cache}, encoded, inputs, ids,
-      method=type(step_model).decode_logits, mutable=["cache"], **step_kwargs,
+      method=type(step_model).decode_logits, mutable=["cache"],
     )
     if logits_filter is None:
       return logits[:, -1, :], mutated["cache"]
@@ -347,7 +303,7 @@ class Translator:
   def _padded(self, seqs: Sequence[Sequence[int]], rows: int, length: int) -> np.ndarray:
     arr = np.zeros((rows, length), np.int32)
     for row, ids in enumerate(seqs):
-      ids = truncate(ids, length)
+      ids = truncate(list(ids), length)
       arr[row, : len(ids)] = ids
     return arr
 
@@ -409,14 +365,6 @@ class Translator:
     while size < n:
       size *= 2
     return size
-
-
-def truncate(ids: Sequence[int], limit: int) -> list[int]:
-  """`ids` cut to at most `limit` tokens, an EOS-terminated sequence keeping its EOS last."""
-  ids = list(ids)
-  if len(ids) <= limit:
-    return ids
-  return ids[: limit - 1] + [EOS_ID] if ids[-1] == EOS_ID else ids[:limit]
 
 
 def _until_eos(ids: np.ndarray) -> list[int]:

@@ -49,7 +49,7 @@ from transformer.data.corpora import Reader
 from transformer.data.errors import DataError
 from transformer.data.packing import PackedBatches
 from transformer.data.token_cache import TokenizedSplit
-from transformer.data.tokenizer import EOS_ID, Tokenizer, VocabSizeError
+from transformer.data.tokenizer import Tokenizer, VocabSizeError, truncate
 
 SPLITS = ("train", "validation", "test")
 
@@ -461,13 +461,6 @@ def train_batches(split: TokenizedSplit, config: Any, *, batch_multiple: int = 1
                       process_count=process_count, buckets=buckets)
 
 
-def _truncate(ids: np.ndarray | Sequence[int], limit: int) -> np.ndarray:
-  ids = np.asarray(ids, np.int32)
-  if len(ids) <= limit:
-    return ids
-  return np.concatenate([ids[: limit - 1], np.array([EOS_ID], np.int32)])
-
-
 def eval_batches(
   pairs_ids: Sequence[tuple[np.ndarray | Sequence[int], np.ndarray | Sequence[int]]],
   config: Any,
@@ -500,8 +493,8 @@ def eval_batches(
   rows = padded_rows(int(config.data.eval_batch_size), batch_multiple, process_count)
   src_limit = min(int(config.data.max_source_len), buckets[-1])
   tgt_limit = min(int(config.data.max_target_len), buckets[-1])
-  src = [_truncate(s, src_limit) for s, _ in pairs_ids]
-  tgt = [_truncate(t, tgt_limit) for _, t in pairs_ids]
+  src = [truncate(np.asarray(s, np.int32), src_limit) for s, _ in pairs_ids]
+  tgt = [truncate(np.asarray(t, np.int32), tgt_limit) for _, t in pairs_ids]
   longest = np.array([max(len(s), len(t)) for s, t in zip(src, tgt, strict=True)], np.int64)
   order = np.argsort(longest, kind="stable")
   first, local = process_rows(rows, process_index, process_count)

@@ -7,7 +7,7 @@ rows. Each row holds whole examples back to back; the k-th example of a row is s
 1) on both sides, and padding is segment 0. Batch keys (int32, [rows, length] per side):
 
   inputs, targets                        token ids, 0 = padding, as unpacked batches
-  inputs_segmentation, targets_segmentation
+  inputs_segment_ids, targets_segment_ids
                                          segment of each position, 0 for padding
   inputs_position, targets_position      position inside its segment (0 at each segment start;
                                          0 for padding)
@@ -41,7 +41,7 @@ from transformer.data.batch_rows import check_process, padded_rows, process_rows
 from transformer.data.errors import DataError
 from transformer.data.token_cache import TokenizedSplit
 
-PACKING_KEYS = ("inputs_segmentation", "inputs_position", "targets_segmentation",
+PACKING_KEYS = ("inputs_segment_ids", "inputs_position", "targets_segment_ids",
                 "targets_position")
 
 Batch = dict[str, np.ndarray]
@@ -353,6 +353,6 @@ class PackedBatches:
     ):
       ids, seg, pos = assemble(flat, offsets, examples, row, local, length)
       out[side] = ids
-      out[f"{side}_segmentation"] = seg
+      out[f"{side}_segment_ids"] = seg
       out[f"{side}_position"] = pos
     return out

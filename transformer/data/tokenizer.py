@@ -26,6 +26,17 @@ EOS_ID = 1
 UNK_ID = 2
 
 
+def truncate(ids: Sequence[int] | np.ndarray, limit: int) -> Sequence[int] | np.ndarray:
+  """`ids` (a list or an array, ending in EOS) cut to at most `limit` ids, EOS kept last, so a
+  truncated sentence still ends as every sentence does; `ids` itself when it fits. Returns the
+  same kind (list or array, of the same dtype) as `ids`."""
+  if len(ids) <= limit:
+    return ids
+  if isinstance(ids, np.ndarray):
+    return np.concatenate([ids[:limit - 1], np.array([EOS_ID], ids.dtype)])
+  return [*ids[:limit - 1], EOS_ID]
+
+
 class VocabSizeError(DataError):
   """The training text cannot support the requested vocabulary size."""
 
