@@ -134,7 +134,7 @@ if __name__ == "__main__":
   from absl import app, flags
 
   from experiments import report
-  from transformer.errors import fail, parse_flags
+  from transformer.errors import fail, flags_parser
 
   _WORKDIR = flags.DEFINE_string("workdir", "runs/numbers", "A trained workdir.")
   _INPUT = flags.DEFINE_string("input", None, "A file to translate (default: --lines "
@@ -159,4 +159,4 @@ if __name__ == "__main__":
         "\n\n")[1], report.command_line(), report_lines(record))
     print("\n".join(report_lines(record)))
 
-  app.run(main, flags_parser=parse_flags)
+  app.run(main, flags_parser=flags_parser())

@@ -86,7 +86,7 @@ if __name__ == "__main__":
   from absl import app, flags
 
   from experiments import report
-  from transformer.errors import fail, parse_flags
+  from transformer.errors import fail, flags_parser
 
   _WORKDIR = flags.DEFINE_string("workdir", "runs/numbers", "A trained workdir.")
   _PAIRS = flags.DEFINE_integer("pairs", 2000, "Pairs of the test split to score.")
@@ -107,4 +107,4 @@ if __name__ == "__main__":
                           __doc__.split("\n\n")[1], report.command_line(), report_lines(record))
     print("\n".join(report_lines(record)))
 
-  app.run(main, flags_parser=parse_flags)
+  app.run(main, flags_parser=flags_parser())
