@@ -504,3 +504,21 @@ def test_beam_reorder_mask_follows_the_declared_cache_entries():
         assert x is (beam_size == 1), path
       else:
         assert x is True, path
+
+
+def test_beam_search_decodes_the_lstm_baseline():
+  """Its cache entries hold (c, h) pairs: the reorder mask has a bool for each array."""
+  import dataclasses
+
+  from configs import wmt
+  from transformer import translate
+  from transformer.model import ModelConfig
+  from transformer.model_family import build_model
+
+  cfg = dataclasses.replace(ModelConfig(**wmt.get_config("tiny").model), kind="lstm",
+                            dropout_rate=0.0)
+  src = jnp.array([[5, 6, 7, EOS], [8, 9, EOS, 0]], jnp.int32)
+  params = build_model(cfg).init(jax.random.key(0), src, src)["params"]
+  out = jax.jit(lambda p, x: translate.decode_tokens(
+    p, x, cfg, beam_size=3, alpha=0.6, max_extra_len=4, max_len=8))(params, src)
+  assert out.shape == (2, 8) and out.dtype == jnp.int32

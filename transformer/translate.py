@@ -69,8 +69,9 @@ def beam_reorder_mask(cache: Any) -> Any:
   def mask(tree: Any) -> Any:
     owner = tree.get(model_lib.KV_OWNER)
     in_place = model_lib.IN_PLACE_CACHE if owner is not None and owner.shape[-2] > 1 else ()
-    return {k: mask(v) if isinstance(v, dict)
-            else k not in model_lib.PER_SOURCE_CACHE and k not in in_place
+    # An entry may hold several arrays (the LSTM baseline's (c, h) states): one bool for each.
+    return {k: mask(v) if isinstance(v, dict) else jax.tree.map(
+              lambda _, k=k: k not in model_lib.PER_SOURCE_CACHE and k not in in_place, v)
             for k, v in tree.items()}
 
   return mask(cache)
