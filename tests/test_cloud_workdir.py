@@ -107,8 +107,9 @@ def test_training_in_a_bucket_survives_kill_and_sigterm_and_serves_inference(gcs
   assert any(n.startswith(f"{prefix}/tb/events.out.tfevents") for n in names)
   assert f"{prefix}/translations/test_30.txt" in names
 
-  # Inference and an experiment read the bucket.
-  tr = subprocess.run([sys.executable, "-m", "transformer.main", *TINY, f"--workdir={workdir}",
+  assert f"{prefix}/config.json" in names and f"{prefix}/buckets.json" in names
+  # Inference and an experiment read the bucket; translation from the workdir alone.
+  tr = subprocess.run([sys.executable, "-m", "transformer.main", f"--workdir={workdir}",
                        "--mode=translate"], input="three hundred\n\nseven\n", cwd=REPO, env=env,
                       capture_output=True, text=True, timeout=600)
   assert tr.returncode == 0, tr.stderr[-3000:]
