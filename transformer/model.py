@@ -249,13 +249,15 @@ class MultiHeadAttention(nn.Module):
     They depend on the encoder output alone, and projecting them at every step would cost
     more than the rest of the step (2 * s * d^2 per layer against ~12 * d^2).
     """
-    shape = (*batch_and_length, self.num_heads, head_dim)
+    # Stored heads-major [b, h, s, k], the layout the attention's batched products read.
+    batch, length = batch_and_length
+    shape = (batch, self.num_heads, length, head_dim)
     cached_key = self.variable("cache", CROSS_KEY, jnp.zeros, shape, self.dtype)
     cached_value = self.variable("cache", CROSS_VALUE, jnp.zeros, shape, self.dtype)
     if self.mode == MODE_AUTOREGRESSIVE and not self.is_initializing():
-      return cached_key.value, cached_value.value
+      return jnp.swapaxes(cached_key.value, 1, 2), jnp.swapaxes(cached_value.value, 1, 2)
     key, value = project_kv()
-    cached_key.value, cached_value.value = key, value
+    cached_key.value, cached_value.value = jnp.swapaxes(key, 1, 2), jnp.swapaxes(value, 1, 2)
     return key, value
 
   def _self_attention_step(self, query, key, value, mask, kv_mask, segment_ids):
@@ -263,9 +265,12 @@ class MultiHeadAttention(nn.Module):
     and value at the cache index, marks the position as the row's own in KV_OWNER and attends
     over the group's cache. None otherwise (`init` sizes the cache from the call's length,
     MODE_PREFILL leaves it alone): the caller attends over the call's tokens."""
-    batch, length = key.shape[:2]
-    cached_key = self.variable("cache", CACHED_KEY, jnp.zeros, key.shape, key.dtype)
-    cached_value = self.variable("cache", CACHED_VALUE, jnp.zeros, value.shape, value.dtype)
+    batch, length, heads, head_dim = key.shape
+    # Heads-major [b, h, L, k]: every step's attention reads the whole cache as a batched
+    # product over (b, h); stored [b, L, h, k], the cache would be transposed at every step.
+    shape = (batch, heads, length, head_dim)
+    cached_key = self.variable("cache", CACHED_KEY, jnp.zeros, shape, key.dtype)
+    cached_value = self.variable("cache", CACHED_VALUE, jnp.zeros, shape, value.dtype)
     owner = self.variable("cache", KV_OWNER, jnp.zeros, (batch, 1, length), bool)
     cache_index = self.variable("cache", CACHE_INDEX, jnp.zeros, (batch,), jnp.int32)
     if self.mode != MODE_AUTOREGRESSIVE or self.is_initializing():
@@ -275,9 +280,10 @@ class MultiHeadAttention(nn.Module):
     if mask is not None or kv_mask is not None or segment_ids is not None:
       raise ValueError("a cached decoding step attends over its cache and takes no mask")
     index = cache_index.value[0]
-    cached_key.value = jax.lax.dynamic_update_slice_in_dim(cached_key.value, key, index, axis=1)
-    cached_value.value = jax.lax.dynamic_update_slice_in_dim(cached_value.value, value, index,
-                                                             axis=1)
+    cached_key.value = jax.lax.dynamic_update_slice_in_dim(
+      cached_key.value, jnp.swapaxes(key, 1, 2), index, axis=2)
+    cached_value.value = jax.lax.dynamic_update_slice_in_dim(
+      cached_value.value, jnp.swapaxes(value, 1, 2), index, axis=2)
     cache_index.value = cache_index.value + 1
     rows, group = owner.value.shape[:2]
     # Position `index` of every row's hypothesis is the row itself.
@@ -290,7 +296,7 @@ class MultiHeadAttention(nn.Module):
 def _cached_attention(query: Array, key: Array, value: Array, owners: Array) -> Array:
   """One decoding step of attention over the self-attention caches of a group of rows.
 
-  query [b, 1, h, k]; key, value: the caches [b, L, h, k]; owners bool [b, K, L]. Rows come in
+  query [b, 1, h, k]; key, value: the caches [b, h, L, k]; owners bool [b, K, L]. Rows come in
   groups of K (b = n * K): row n K + j attends to position l of row n K + i where
   owners[n K + j, i, l], so beams read each other's caches where their hypotheses share a
   prefix, and beam search never copies a cache. K = 1: every row attends over its own cache,
@@ -301,15 +307,15 @@ def _cached_attention(query: Array, key: Array, value: Array, owners: Array) -> 
   group, length = owners.shape[1:]
   n = rows // group
   q = query.reshape(n, group, heads, head_dim)  # [n, j, h, k]
-  k = key.reshape(n, group, length, heads, head_dim)  # [n, i, l, h, k]
-  v = value.reshape(n, group, length, heads, head_dim)
-  logits = jnp.einsum("njhk,nilhk->nhjil", q, k, preferred_element_type=jnp.float32)
+  k = key.reshape(n, group, heads, length, head_dim)  # [n, i, h, l, k]
+  v = value.reshape(n, group, heads, length, head_dim)
+  logits = jnp.einsum("njhk,nihlk->nhjil", q, k, preferred_element_type=jnp.float32)
   logits = logits * head_dim ** -0.5
   mask = owners.reshape(n, 1, group, group, length)  # [n, 1, j, i, l]
   logits = jnp.where(mask, logits, attn_lib.MASKED)
   # One softmax over every (row, position) the query may attend to.
   weights = jnp.where(mask, jax.nn.softmax(logits, axis=(-2, -1)), 0.0)
-  out = jnp.einsum("nhjil,nilhk->njhk", weights.astype(value.dtype), v)
+  out = jnp.einsum("nhjil,nihlk->njhk", weights.astype(value.dtype), v)
   return out.reshape(rows, 1, heads, head_dim).astype(query.dtype)
 
 
