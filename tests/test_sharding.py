@@ -208,3 +208,34 @@ def test_two_processes_match_one_process(tmp_path):
   np.testing.assert_allclose(b, a, rtol=1e-4)
   # Only process 0 printed the results.
   assert "Test BLEU" in outputs[0][0] and "Test BLEU" not in outputs[1][0]
+
+
+@pytest.mark.slow
+def test_two_processes_translate_a_file_as_one_does(tmp_path):
+  """A corpus translated by two processes x 2 devices (each reads the input, process 0 writes)
+  equals one process's translation, n-best lists included."""
+  train = _run_cli(tmp_path / "w", [], 4)
+  assert train.communicate(timeout=600) and train.returncode == 0
+  source = tmp_path / "in.txt"
+  source.write_text("seven\nthree hundred\n\ntwelve and then five\n" * 5)
+
+  def translate(out, devices, extra=()):
+    env = dict(os.environ,
+               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} {FAST_COMPILE}")
+    return subprocess.Popen(
+      [sys.executable, "-m", "transformer.main", "--mode=translate", f"--workdir={tmp_path / 'w'}",
+       f"--input={source}", f"--output={out}", "--nbest=2", "--output_format=jsonl",
+       "--config.decode.chunk_size=7", *extra],
+      cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+  one = translate(tmp_path / "one.jsonl", 4)
+  assert one.communicate(timeout=600) and one.returncode == 0
+  port = _free_port()
+  procs = [translate(tmp_path / f"two{i}.jsonl", 2,
+                     [f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
+                      f"--process_id={i}"]) for i in range(2)]
+  for p in procs:
+    _, err = p.communicate(timeout=600)
+    assert p.returncode == 0, err[-3000:]
+  assert (tmp_path / "two0.jsonl").read_text() == (tmp_path / "one.jsonl").read_text()
+  assert not (tmp_path / "two1.jsonl").exists()  # process 1 writes nothing
