@@ -8,7 +8,7 @@
 reads XLA's memory analysis (`measure.memory_stats`: temp and peak bytes per device), times
 `--warmup_steps` untimed and `--steps` timed steps on random batches, and measures the
 machine's matmul rate in the same run. As the PyTorch peer (experiments/torch_peer.py), step_s
-is the best timed step (median too), model FLOPs follow `measure.model_flops_per_step`, and
+is the best timed step (median too), model FLOPs follow `hardware.model_flops_per_step`, and
 the matmul rate is the best of `--matmul_repeats` [n, n] products; step_cpu_s (the least CPU
 time of a step) moves less with other processes' load. `--config.data.vocab_size` follows the
 model's (no data here). `--steps=0` compiles only. The last line printed is one JSON object.

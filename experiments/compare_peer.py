@@ -184,8 +184,9 @@ def write_report(path: str, records: list[dict[str, Any]], command: str) -> str:
     f"{r['temp_mib']:.0f}",
   ] for r in rows]
   shape_lines = "".join(f"- `{s}`: {SHAPES[s][2]}; model FLOPs per step "
-                        f"{flops[s, 'ours']:,} (ours) and {flops[s, 'peer']:,} (peer), by the "
-                        "same formula.\n" for s in shapes)
+                        f"{flops[s, 'ours']:,.0f} (ours) and {flops[s, 'peer']:,.0f} (peer), by "
+                        "the same formula (6 x each model's parameters x tokens / 2).\n"
+                        for s in shapes)
   env = " ".join([f"XLA_FLAGS={_XLA_FLAGS.value!r}", *_ENV.value])
   body = ["## Results\n", report_lib.markdown_table(header, table)]
   body += [profile_section(r["shape"], r["profile"]) for r in rows if r["profile"]]

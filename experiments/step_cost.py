@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from experiments import measure, report
+from transformer import hardware
 from transformer.model_family import count_params
 
 TRANSFORMER_KINDS = ("xla", "chunked", "cudnn")
@@ -168,9 +169,9 @@ def run_benchmark(config: Any, batch_size: int, src_len: int, tgt_len: int, step
                   packed_segments: int = 0, matmul_dtype: str = "float32",
                   profile_steps: int = 0) -> dict[str, Any]:
   """experiments/benchmark.py's JSON record: `measure_step` on the config's mesh, the model
-  FLOPs of the PyTorch peer's formula and the fraction of the matmul rate measured in
-  `matmul_dtype`. Packed rows (`packed_segments` > 0) count FLOPs as unpacked rows of the
-  same shape: attention over a whole row, although it stays inside each segment.
+  FLOPs (`hardware.model_flops_per_step`, the training loop's count) and their fraction of
+  the matmul rate measured in `matmul_dtype`. Packed rows (`packed_segments` > 0) count as
+  many tokens as unpacked rows of the same shape.
   `profile_steps` > 0 adds the `op_profile` of that many more steps (`measure_step`).
 
   Raises ConfigError for a config or shape the benchmark cannot run.
@@ -200,15 +201,14 @@ def run_benchmark(config: Any, batch_size: int, src_len: int, tgt_len: int, step
   if batch_size % dp:
     raise ConfigError(f"--batch_size={batch_size} is not divisible by the {dp} data-parallel "
                       "devices (mesh.data x mesh.fsdp)")
-  flops = measure.model_flops_per_step(mc.d_model, mc.d_ff, mc.num_layers, mc.vocab_size,
-                                       batch_size, src_len, tgt_len,
-                                       attn_width=mc.num_heads * mc.head_dim)
+  step = measure_step(config, mc, batch_size, src_len, tgt_len, steps=steps, warmup=warmup_steps,
+                      segments=packed_segments, profile_steps=profile_steps)
+  flops = hardware.model_flops_per_step(step["params"], batch_size * src_len,
+                                        batch_size * tgt_len)
   tokens = batch_size * (src_len + tgt_len)
   record = {
     "benchmark": "transformer train_step", "step_s_stat": "best",
-    "model_flops_per_step": flops, "tokens_per_step": tokens,
-    **measure_step(config, mc, batch_size, src_len, tgt_len, steps=steps, warmup=warmup_steps,
-                   segments=packed_segments, profile_steps=profile_steps),
+    "model_flops_per_step": flops, "tokens_per_step": tokens, **step,
     "warmup_steps": warmup_steps if steps else 0, "d_model": mc.d_model,
     "layers": mc.num_layers, "heads": mc.num_heads, "head_dim": mc.head_dim, "d_ff": mc.d_ff,
     "vocab": mc.vocab_size, "dtype": str(mc.compute_dtype), "attention": mc.attention,
