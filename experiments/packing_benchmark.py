@@ -31,23 +31,8 @@ import os
 import time
 from typing import Any
 
-from absl import app, flags
-from ml_collections import config_flags
-
 from experiments import measure, report
 from transformer.errors import UserError, fail, parse_flags
-
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/numbers.py.",
-                                          lock_config=False)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Workdir holding (or given) the vocabulary and "
-                               "the token cache.")
-_BATCHES = flags.DEFINE_integer("batches", 3000, "Training batches counted for the fraction.")
-_TIMED = flags.DEFINE_integer("timed_steps", 20, "Training steps timed per layout (0: none).")
-_TIMED_TOKENS = flags.DEFINE_integer(
-  "timed_tokens_per_batch", 0, "data.tokens_per_batch of the timed steps only (0: the "
-  "config's); smaller batches keep the step's memory in bounds on a CPU.")
-_OUT = flags.DEFINE_string("out", None, "Report path without extension; default "
-                           "experiments/results/packing_<config name>.")
 
 LAYOUTS = ("bucketed", "packed")
 
@@ -230,21 +215,35 @@ def write_report(path: str, config: Any, result: dict[str, Any], command: str,
                                      "result": result})
 
 
-def main(argv: list[str]) -> None:
-  del argv
-  config = _CONFIG.value
-  if config is None or _WORKDIR.value is None:
-    fail("--config and --workdir are required, e.g. --config=configs/numbers.py "
-         "--workdir=/tmp/pack_num")
-  out = _OUT.value or os.path.join("experiments", "results", f"packing_{config.name}")
-  try:
-    result = compare_layouts(config, _WORKDIR.value, _BATCHES.value, _TIMED.value,
-                             _TIMED_TOKENS.value)
-  except UserError as e:
-    fail(str(e))
-  write_report(out, config, result, report.command_line(), _BATCHES.value)
-  print(f"wrote {out}.md", flush=True)
-
-
 if __name__ == "__main__":
+  from absl import app, flags
+  from ml_collections import config_flags
+
+  _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/numbers.py.",
+                                            lock_config=False)
+  _WORKDIR = flags.DEFINE_string("workdir", None, "Workdir holding (or given) the vocabulary and "
+                                 "the token cache.")
+  _BATCHES = flags.DEFINE_integer("batches", 3000, "Training batches counted for the fraction.")
+  _TIMED = flags.DEFINE_integer("timed_steps", 20, "Training steps timed per layout (0: none).")
+  _TIMED_TOKENS = flags.DEFINE_integer(
+    "timed_tokens_per_batch", 0, "data.tokens_per_batch of the timed steps only (0: the "
+    "config's); smaller batches keep the step's memory in bounds on a CPU.")
+  _OUT = flags.DEFINE_string("out", None, "Report path without extension; default "
+                             "experiments/results/packing_<config name>.")
+
+  def main(argv: list[str]) -> None:
+    del argv
+    config = _CONFIG.value
+    if config is None or _WORKDIR.value is None:
+      fail("--config and --workdir are required, e.g. --config=configs/numbers.py "
+           "--workdir=/tmp/pack_num")
+    out = _OUT.value or os.path.join("experiments", "results", f"packing_{config.name}")
+    try:
+      result = compare_layouts(config, _WORKDIR.value, _BATCHES.value, _TIMED.value,
+                               _TIMED_TOKENS.value)
+    except UserError as e:
+      fail(str(e))
+    write_report(out, config, result, report.command_line(), _BATCHES.value)
+    print(f"wrote {out}.md", flush=True)
+
   app.run(main, flags_parser=parse_flags)

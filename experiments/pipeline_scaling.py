@@ -25,24 +25,10 @@ import os
 from typing import Any
 
 import numpy as np
-from absl import app, flags
 
 from experiments import report
 from transformer.errors import fail, parse_flags
 
-_RUNS = flags.DEFINE_list(
-  "runs",
-  [os.path.join("experiments", "results", f"pipeline_fr_{s}.json") for s in ("4m5", "18m")],
-  "JSON records of experiments.pipeline_benchmark, one per corpus size.",
-)
-_OUT = flags.DEFINE_string("out", os.path.join("experiments", "results", "pipeline_fr"),
-                           "Report path without extension (.md and .json).")
-_EXTRAPOLATE = flags.DEFINE_list("extrapolate", ["36000000", "40836876"],
-                                 "Corpus sizes (pairs) to extrapolate the linear fits to.")
-_RESTART_LIMIT = flags.DEFINE_float("restart_limit", 60.0,
-                                    "Promise: seconds from a restart to the first step.")
-_RSS_LIMIT = flags.DEFINE_float("rss_limit_gib", 4.0,
-                                "Promise: peak host RSS (GiB) of every data-path stage.")
 # A measured quantity "does not grow" when the largest corpus's value is within this factor of
 # the smallest corpus's (timing noise on a shared machine; RSS of the allocator's arenas).
 GROWTH_TOLERANCE = 1.5
@@ -129,7 +115,9 @@ def stage_table(rows: list[dict[str, Any]], sizes: list[str], cell: Any) -> str:
   return report.markdown_table(header, body)
 
 
-def write_report(rows: list[dict[str, Any]], extrapolate: list[int], command: str) -> None:
+def write_report(out: str, rows: list[dict[str, Any]], extrapolate: list[int], command: str,
+                 restart_limit: float = 60.0, rss_limit: float = 4.0) -> None:
+  """`out`.md and .json from the summaries of the records (`summary`), by corpus size."""
   sizes = [f"{r['pairs'] / 1e6:.1f}M" for r in rows]
   labels = list(rows[-1]["starts"])
   main_rows = [[
@@ -161,12 +149,12 @@ def write_report(rows: list[dict[str, Any]], extrapolate: list[int], command: st
   how = ("the line through the two measured sizes" if len(rows) == 2
          else f"a least-squares line through the {len(rows)} measured sizes")
 
-  checks = check_promises(rows, _RESTART_LIMIT.value, _RSS_LIMIT.value)
+  checks = check_promises(rows, restart_limit, rss_limit)
   check_lines = [f"- {'holds' if ok else '**violated**'}: {what} ({why})."
                  for what, ok, why in checks]
   last = rows[-1]
   report.write_markdown(
-    _OUT.value + ".md", "The data path against the corpus size: WMT14 English-French",
+    out + ".md", "The data path against the corpus size: WMT14 English-French",
     "Made by `experiments/pipeline_scaling.py` from the records of "
     "`experiments/pipeline_benchmark.py` (method in their docstrings), one per corpus size: "
     "the synthetic `wmt14_translate/fr-en` of `experiments/synthetic_wmt.py --pair=fr-en` "
@@ -202,30 +190,46 @@ def write_report(rows: list[dict[str, Any]], extrapolate: list[int], command: st
                              *[f"at {n / 1e6:.1f}M pairs" for n in extrapolate]], fit_rows),
     ],
   )
-  report.write_json(_OUT.value + ".json", {
+  report.write_json(out + ".json", {
     "command": command, "hardware": report.hardware(), "sizes": rows, "fits": fit_records,
     "promises": [{"promise": w, "holds": ok, "evidence": why} for w, ok, why in checks],
   })
 
 
-def main(argv: list[str]) -> None:
-  del argv
-  records = []
-  for path in _RUNS.value:
-    record = report.read_json(path)
-    if not record:
-      fail(f"--runs: no pipeline_benchmark record at {path}")
-    records.append(summary(record))
-  try:
-    extrapolate = [int(float(n)) for n in _EXTRAPOLATE.value]
-  except ValueError:
-    fail(f"--extrapolate={','.join(_EXTRAPOLATE.value)}: expected numbers of pairs")
-  rows = sorted(records, key=lambda r: r["pairs"])
-  if len({r["pairs"] for r in rows}) < 2:
-    fail("--runs: need records at two or more corpus sizes for a fit")
-  write_report(rows, extrapolate, report.command_line())
-  print(f"wrote {_OUT.value}.md", flush=True)
-
-
 if __name__ == "__main__":
+  from absl import app, flags
+
+  _RUNS = flags.DEFINE_list(
+    "runs",
+    [os.path.join("experiments", "results", f"pipeline_fr_{s}.json") for s in ("4m5", "18m")],
+    "JSON records of experiments.pipeline_benchmark, one per corpus size.",
+  )
+  _OUT = flags.DEFINE_string("out", os.path.join("experiments", "results", "pipeline_fr"),
+                             "Report path without extension (.md and .json).")
+  _EXTRAPOLATE = flags.DEFINE_list("extrapolate", ["36000000", "40836876"],
+                                   "Corpus sizes (pairs) to extrapolate the linear fits to.")
+  _RESTART_LIMIT = flags.DEFINE_float("restart_limit", 60.0,
+                                      "Promise: seconds from a restart to the first step.")
+  _RSS_LIMIT = flags.DEFINE_float("rss_limit_gib", 4.0,
+                                  "Promise: peak host RSS (GiB) of every data-path stage.")
+
+  def main(argv: list[str]) -> None:
+    del argv
+    records = []
+    for path in _RUNS.value:
+      record = report.read_json(path)
+      if not record:
+        fail(f"--runs: no pipeline_benchmark record at {path}")
+      records.append(summary(record))
+    try:
+      extrapolate = [int(float(n)) for n in _EXTRAPOLATE.value]
+    except ValueError:
+      fail(f"--extrapolate={','.join(_EXTRAPOLATE.value)}: expected numbers of pairs")
+    rows = sorted(records, key=lambda r: r["pairs"])
+    if len({r["pairs"] for r in rows}) < 2:
+      fail("--runs: need records at two or more corpus sizes for a fit")
+    write_report(_OUT.value, rows, extrapolate, report.command_line(), _RESTART_LIMIT.value,
+                 _RSS_LIMIT.value)
+    print(f"wrote {_OUT.value}.md", flush=True)
+
   app.run(main, flags_parser=parse_flags)

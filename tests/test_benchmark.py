@@ -12,7 +12,7 @@ import jax
 import pytest
 
 from configs import wmt
-from experiments import measure, step_cost
+from experiments import benchmark, measure, step_cost
 from transformer import hardware
 from transformer.errors import ConfigError
 
@@ -123,7 +123,7 @@ def test_compile_only_has_no_timings():
   """steps=0 (in process): compiled and analysed, nothing run, timing fields null."""
   config = wmt.get_config("tiny")
   config.model.scan_layers = True
-  r = step_cost.run_benchmark(config, B, S, T, steps=0)
+  r = benchmark.run_benchmark(config, B, S, T, steps=0)
   assert config.data.vocab_size == config.model.vocab_size
   for key in TIMING_KEYS:
     assert r[key] is None, key
@@ -144,7 +144,7 @@ def test_compile_only_has_no_timings():
 def test_bad_shapes_are_config_errors(kwargs, field):
   args = {"batch_size": B, "src_len": S, "tgt_len": T, "steps": 0, **kwargs}
   with pytest.raises(ConfigError, match=field):
-    step_cost.run_benchmark(wmt.get_config("tiny"), **args)
+    benchmark.run_benchmark(wmt.get_config("tiny"), **args)
 
 
 def test_minor_faults_count_first_touches():
@@ -192,12 +192,12 @@ def test_compare_peer_alternates_and_reports_ratios(tmp_path):
 
 
 def test_compile_depth_ratios_are_per_scan_setting():
-  from experiments import compile_depth_report
+  from experiments import compile_depth
 
   records = [{"layers": n, "scan_layers": scan, "compile_s": s}
              for n, scan, s in ((6, True, 10.0), (24, True, 12.0), (6, False, 20.0),
                                 (24, False, 140.0))]
-  ratios = [r["compile_vs_shallowest"] for r in compile_depth_report.with_ratios(records)]
+  ratios = [r["compile_vs_shallowest"] for r in compile_depth.with_ratios(records)]
   assert ratios == pytest.approx([1.0, 1.2, 1.0, 7.0])
 
 

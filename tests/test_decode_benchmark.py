@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from configs import numbers, wmt
-from experiments import decoding
+from experiments import decode_benchmark as decoding
 from tests.xla_flags import FAST_COMPILE
 from transformer.errors import ConfigError
 

@@ -13,7 +13,7 @@ import pytest
 
 from configs import numbers as numbers_config
 from configs import text as text_config
-from experiments import real_tokens_report as rt
+from experiments import real_tokens as rt
 from tests.test_train import FAST_COMPILE, REPO
 from transformer.errors import ConfigError
 
