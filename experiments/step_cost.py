@@ -1,6 +1,6 @@
 """What one training step costs: compilation, memory, sequential loops, time, FLOPs.
 
-`measure_step` is the measurement of one shape, which experiments/benchmark.py sets against the
+`measure_step` is the measurement of one shape, which benchmarks/train_step.py sets against the
 machine's matmul rate; `cost_sweep` is the measurement over sequence lengths n of
 experiments/seq_len.py and experiments/claims.py, for the Transformer with each attention
 implementation and the LSTM baseline with the same number of parameters, and `cost_tables` /

@@ -11,8 +11,9 @@ import sys
 import jax
 import pytest
 
+from benchmarks import train_step
 from configs import wmt
-from experiments import benchmark, measure, step_cost
+from experiments import measure, step_cost
 from transformer import hardware
 from transformer.errors import ConfigError
 
@@ -34,7 +35,7 @@ def test_benchmark_main_one_step():
   cmd = [
     sys.executable,
     "-m",
-    "experiments.benchmark",
+    "benchmarks.train_step",
     "--config=configs/wmt.py:tiny",
     f"--config.model.vocab_size={VOCAB}",
     f"--batch_size={B}",
@@ -123,7 +124,7 @@ def test_compile_only_has_no_timings():
   """steps=0 (in process): compiled and analysed, nothing run, timing fields null."""
   config = wmt.get_config("tiny")
   config.model.scan_layers = True
-  r = benchmark.run_benchmark(config, B, S, T, steps=0)
+  r = train_step.run_benchmark(config, B, S, T, steps=0)
   assert config.data.vocab_size == config.model.vocab_size
   for key in TIMING_KEYS:
     assert r[key] is None, key
@@ -144,7 +145,7 @@ def test_compile_only_has_no_timings():
 def test_bad_shapes_are_config_errors(kwargs, field):
   args = {"batch_size": B, "src_len": S, "tgt_len": T, "steps": 0, **kwargs}
   with pytest.raises(ConfigError, match=field):
-    benchmark.run_benchmark(wmt.get_config("tiny"), **args)
+    train_step.run_benchmark(wmt.get_config("tiny"), **args)
 
 
 def test_minor_faults_count_first_touches():
@@ -158,7 +159,7 @@ def test_minor_faults_count_first_touches():
 
 @pytest.mark.slow
 def test_compare_peer_alternates_and_reports_ratios(tmp_path):
-  """experiments.compare_peer end to end, with tiny shapes and a stand-in for the peer."""
+  """benchmarks.compare_peer end to end, with tiny shapes and a stand-in for the peer."""
   fake_peer = tmp_path / "peer.py"
   fake_peer.write_text(
     "import json\n"
@@ -171,7 +172,7 @@ def test_compare_peer_alternates_and_reports_ratios(tmp_path):
             "--config.mesh.data=1", f"--config.model.vocab_size={VOCAB}",
             f"--batch_size={B}", f"--src_len={S}", f"--tgt_len={T}"]
   proc = subprocess.run(
-    [sys.executable, "-m", "experiments.compare_peer", f"--peer_python={sys.executable}",
+    [sys.executable, "-m", "benchmarks.compare_peer", f"--peer_python={sys.executable}",
      f"--peer={fake_peer}", "--rounds=1", "--timed_steps=1", "--variants=base,no_dropout",
      "--shapes=custom", "--benchmark_flags=" + ",".join(shapes), "--profile_steps=1",
      "--env=PEER_PROBE=1", f"--out={out}"],
@@ -192,7 +193,7 @@ def test_compare_peer_alternates_and_reports_ratios(tmp_path):
 
 
 def test_compile_depth_ratios_are_per_scan_setting():
-  from experiments import compile_depth
+  from benchmarks import compile_depth
 
   records = [{"layers": n, "scan_layers": scan, "compile_s": s}
              for n, scan, s in ((6, True, 10.0), (24, True, 12.0), (6, False, 20.0),
@@ -203,12 +204,12 @@ def test_compile_depth_ratios_are_per_scan_setting():
 
 @pytest.mark.slow
 def test_compile_depth_end_to_end(tmp_path):
-  """experiments.compile_depth at tiny shapes: one compile-only child per depth, a report."""
+  """benchmarks.compile_depth at tiny shapes: one compile-only child per depth, a report."""
   out = tmp_path / "depth"
   shapes = ["--config=configs/wmt.py:tiny", f"--config.model.vocab_size={VOCAB}",
             f"--batch_size={B}", f"--src_len={S}", f"--tgt_len={T}"]
   proc = subprocess.run(
-    [sys.executable, "-m", "experiments.compile_depth", "--layers=1,2", "--scan_layers=true",
+    [sys.executable, "-m", "benchmarks.compile_depth", "--layers=1,2", "--scan_layers=true",
      "--benchmark_flags=" + ",".join(shapes), f"--out={out}"],
     cwd=ROOT, capture_output=True, text=True, timeout=600,
   )
@@ -227,7 +228,7 @@ def test_compile_depth_end_to_end(tmp_path):
   (["--scan_layers=maybe"], "--scan_layers"),
 ])
 def test_compile_depth_bad_arguments_are_one_line(args, message):
-  proc = subprocess.run([sys.executable, "-m", "experiments.compile_depth", *args],
+  proc = subprocess.run([sys.executable, "-m", "benchmarks.compile_depth", *args],
                         cwd=ROOT, capture_output=True, text=True, timeout=120)
   assert proc.returncode == 2 and message in proc.stderr, proc.stderr
   assert len(proc.stderr.strip().splitlines()) == 1
@@ -240,7 +241,7 @@ def test_compile_depth_bad_arguments_are_one_line(args, message):
 ])
 def test_compare_peer_bad_arguments_are_one_line(args, message):
   proc = subprocess.run(
-    [sys.executable, "-m", "experiments.compare_peer", f"--peer_python={sys.executable}", *args],
+    [sys.executable, "-m", "benchmarks.compare_peer", f"--peer_python={sys.executable}", *args],
     cwd=ROOT, capture_output=True, text=True, timeout=120,
   )
   assert proc.returncode == 2 and message in proc.stderr, proc.stderr
@@ -249,15 +250,15 @@ def test_compare_peer_bad_arguments_are_one_line(args, message):
 
 def test_compare_peer_needs_a_peer_python():
   proc = subprocess.run(
-    [sys.executable, "-m", "experiments.compare_peer", "--peer_python="],
+    [sys.executable, "-m", "benchmarks.compare_peer", "--peer_python="],
     cwd=ROOT, capture_output=True, text=True, timeout=120, env={**os.environ, "PEER_PYTHON": ""},
   )
   assert proc.returncode == 2 and "--peer_python" in proc.stderr
 
 
-# The PyTorch peer (experiments/torch_peer.py). Its real run needs torch, which the project's
+# The PyTorch peer (benchmarks/torch_peer.py). Its real run needs torch, which the project's
 # environment does not have; these checks run without it.
-PEER_SCRIPT = os.path.join(ROOT, "experiments", "torch_peer.py")
+PEER_SCRIPT = os.path.join(ROOT, "benchmarks", "torch_peer.py")
 NO_TORCH = "import sys; sys.modules['torch'] = None; "  # `import torch` raises ImportError
 
 
@@ -267,7 +268,7 @@ NO_TORCH = "import sys; sys.modules['torch'] = None; "  # `import torch` raises 
   (1, 0, 1),
 ])
 def test_torch_peer_flops_match_the_library(params, source_tokens, target_tokens):
-  from experiments import torch_peer
+  from benchmarks import torch_peer
 
   assert torch_peer.model_flops_per_step(params, source_tokens, target_tokens) == (
     hardware.model_flops_per_step(params, source_tokens, target_tokens))
@@ -276,7 +277,7 @@ def test_torch_peer_flops_match_the_library(params, source_tokens, target_tokens
 def test_torch_peer_runs_without_torch_or_jax_until_main():
   """Importing it and parsing its flags need neither torch nor JAX; main without torch is a
   one-line error naming requirements-peer.txt (exit 2), and so is a bad flag."""
-  probe = (NO_TORCH + "import json, experiments.torch_peer as p; a = p.parse_args([]); "
+  probe = (NO_TORCH + "import json, benchmarks.torch_peer as p; a = p.parse_args([]); "
            "loaded = [m for m in ('jax', 'torch') if sys.modules.get(m)]; "
            "print(json.dumps([vars(a), loaded]))")
   proc = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True,
@@ -302,27 +303,27 @@ def test_torch_peer_runs_without_torch_or_jax_until_main():
 def test_compare_peer_uses_the_repository_peer_and_writes_no_local_paths():
   from experiments import report
 
-  with open(os.path.join(ROOT, "experiments", "compare_peer.py")) as f:
-    assert 'os.path.join(ROOT, "experiments", "torch_peer.py")' in f.read()
-  cmd1 = (f"python -m experiments.compare_peer --peer_python=/opt/env/bin/python "
+  with open(os.path.join(ROOT, "benchmarks", "compare_peer.py")) as f:
+    assert 'os.path.join(ROOT, "benchmarks", "torch_peer.py")' in f.read()
+  cmd1 = (f"python -m benchmarks.compare_peer --peer_python=/opt/env/bin/python "
           f"--peer={PEER_SCRIPT} --out=/scratch/run/cmp --rounds=1")
-  cmd2 = (f"python -m experiments.compare_peer --peer_python /opt/env/bin/python "
+  cmd2 = (f"python -m benchmarks.compare_peer --peer_python /opt/env/bin/python "
           f"--benchmark_flags=--config={ROOT}/configs/wmt.py:tiny,--batch_size=8")
   hide = ("--peer_python",)
   assert report.public_command(cmd1, hide) == (
-    "python -m experiments.compare_peer --peer_python=PY --peer=experiments/torch_peer.py "
+    "python -m benchmarks.compare_peer --peer_python=PY --peer=benchmarks/torch_peer.py "
     "--out=cmp --rounds=1")
   assert report.public_command(cmd2, hide) == (
-    "python -m experiments.compare_peer --peer_python PY "
+    "python -m benchmarks.compare_peer --peer_python PY "
     "--benchmark_flags=--config=configs/wmt.py:tiny,--batch_size=8")
 
 
 def test_the_peer_comparison_points_nowhere_outside_the_repository():
   """The peer used to live outside the repository (`../../shared/peers/...`)."""
-  for name in ("experiments/compare_peer.py", "experiments/torch_peer.py",
-               "experiments/results/benchmark_vs_peer_dropout.md",
-               "experiments/results/benchmark_vs_peer.md",
-               "experiments/results/benchmark_vs_peer.jsonl"):
+  for name in ("benchmarks/compare_peer.py", "benchmarks/torch_peer.py",
+               "benchmarks/results/benchmark_vs_peer_dropout.md",
+               "benchmarks/results/benchmark_vs_peer.md",
+               "benchmarks/results/benchmark_vs_peer.jsonl"):
     with open(os.path.join(ROOT, name), encoding="utf-8") as f:
       text = f.read()
     for outside in ("shared/peers", "torch_transformer_step", "/work/", '"..", ".."'):

@@ -163,17 +163,17 @@ def documented_commands() -> list[tuple[str, list[str], str]]:
 
 
 def test_shell_command_parsing():
-  code = ('XLA_FLAGS= python -m experiments.decode_benchmark --a=1 \\\n  --b="x y"  # note\n'
+  code = ('XLA_FLAGS= python -m benchmarks.decode --a=1 \\\n  --b="x y"  # note\n'
           'echo "seven" | python -m transformer.main --mode=translate && ls > out.txt\n'
           'pip install -r requirements.txt; nice -n 19 python3 -m experiments.heads\n')
   commands = list(shell_commands(code))
   assert commands == [
-    ["XLA_FLAGS=", "python", "-m", "experiments.decode_benchmark", "--a=1", "--b=x y"],
+    ["XLA_FLAGS=", "python", "-m", "benchmarks.decode", "--a=1", "--b=x y"],
     ["echo", "seven"], ["python", "-m", "transformer.main", "--mode=translate"], ["ls"],
     ["pip", "install", "-r", "requirements.txt"],
     ["nice", "-n", "19", "python3", "-m", "experiments.heads"]]
   assert [module_invocation(c) for c in commands] == [
-    ("experiments.decode_benchmark", ["--a=1", "--b=x y"]), None,
+    ("benchmarks.decode", ["--a=1", "--b=x y"]), None,
     ("transformer.main", ["--mode=translate"]), None, None, ("experiments.heads", [])]
 
 

@@ -374,7 +374,7 @@ def test_attention_weights_match_float64_numpy():
 @pytest.mark.parametrize("args, names", [
   (["experiments.claims", "--part=long_range", "--long_range.nope=3"], "--long_range.nope"),
   (["experiments.seq_len", "--config.model.nope=3"], "--config.model.nope"),
-  (["experiments.benchmark", "--config=configs/nope.py"], "configs/nope.py"),
+  (["benchmarks.train_step", "--config=configs/nope.py"], "configs/nope.py"),
   (["experiments.sweep", "--parallel=two"], "--parallel"),
   (["experiments.attention_maps", "--nope"], "nope"),
 ])

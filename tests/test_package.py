@@ -37,7 +37,7 @@ def test_pip_install_then_import_from_another_directory(tmp_path):
 def project_imports():
   """{module: [(imported module, imported name or None)]} for the project's own modules."""
   modules = {}
-  for root in ("transformer", "experiments", "configs", "tests"):
+  for root in ("transformer", "experiments", "benchmarks", "configs", "tests"):
     for dirpath, _, files in os.walk(os.path.join(REPO, root)):
       for f in files:
         if f.endswith(".py"):
@@ -94,11 +94,21 @@ def test_the_library_has_no_import_cycle():
   assert not cycles, cycles
 
 
-def test_experiments_and_library_have_no_import_cycle():
-  graph = {m: {t for t, _ in e if t.startswith(("transformer", "experiments"))}
-           for m, e in project_imports().items() if m.startswith(("transformer", "experiments"))}
+def test_experiments_benchmarks_and_library_have_no_import_cycle():
+  packages = ("transformer", "experiments", "benchmarks")
+  graph = {m: {t for t, _ in e if t.startswith(packages)}
+           for m, e in project_imports().items() if m.startswith(packages)}
   cycles = _find_cycles(graph)
   assert not cycles, cycles
+
+
+def test_the_benchmarks_build_on_the_experiments_tools_and_not_the_other_way():
+  """benchmarks/ uses the measuring and reporting tools the experiments share (report,
+  measure, step_cost); the library imports neither package, the experiments no benchmark."""
+  wrong = sorted((m, t) for m, edges in project_imports().items() for t, _ in edges
+                 if (m.startswith("transformer") and t.startswith(("experiments", "benchmarks")))
+                 or (m.startswith("experiments") and t.startswith("benchmarks")))
+  assert not wrong, wrong
 
 
 # The one function that defines flags for its callers: the sweep commands call it when they run.
@@ -155,7 +165,7 @@ def test_a_command_is_one_file_whose_flags_exist_only_when_it_runs():
     inside += functions
   assert at_import == {ENTRY_POINT}, at_import
   assert {"experiments.heads", "experiments.sweep", "experiments.seq_len", "experiments.claims",
-          "experiments.attention_maps", "experiments.benchmark"} <= commands
+          "experiments.attention_maps", "benchmarks.train_step"} <= commands
   assert set(inside) == FLAG_HELPERS, inside
   importers = sorted(m for m, edges in project_imports().items()
                      if any(t == ENTRY_POINT for t, _ in edges) and m != ENTRY_POINT)

@@ -1,11 +1,11 @@
 """Compile time against depth, with the layers unrolled and under `nn.scan`.
 
-    python -m experiments.compile_depth
+    python -m benchmarks.compile_depth
 
 For each depth of `--layers` (encoder and decoder layers each) and each setting of
 `--scan_layers`, one fresh process compiles the training step of `--benchmark_flags` (default:
 the paper's base model, vocabulary 8192, float32, 8 rows of 64 + 64 tokens) and runs nothing
-(`experiments.benchmark --steps=0`: lowering and XLA compilation, no persistent cache). The
+(`benchmarks.train_step --steps=0`: lowering and XLA compilation, no persistent cache). The
 report gives the compile seconds, XLA's temp memory of the step and, per scan setting, each
 depth's compile time over the shallowest depth's. Writes `--out`.md and .json.
 """
@@ -25,8 +25,8 @@ BASE_FLAGS = ["--config=configs/wmt.py:base", "--config.model.dtype=float32",
 
 def compile_record(benchmark_flags: list[str], layers: int, scan: bool,
                    timeout: float) -> dict[str, Any]:
-  """experiments.benchmark's record of compiling (never running) the step at this depth."""
-  cmd = [sys.executable, "-m", "experiments.benchmark", *benchmark_flags,
+  """benchmarks.train_step's record of compiling (never running) the step at this depth."""
+  cmd = [sys.executable, "-m", "benchmarks.train_step", *benchmark_flags,
          f"--config.model.num_layers={layers}", f"--config.model.scan_layers={scan}", "--steps=0"]
   r = measure.run_json(cmd, timeout=timeout)
   return {"layers": layers, "scan_layers": scan, "compile_s": r["compile_s"],
@@ -52,8 +52,8 @@ def write_report(path: str, records: list[dict[str, Any]], command: str) -> None
     ["layers (each side)", "scan_layers", "compile s", "temp MiB", "vs fewest layers",
      "load at start"], rows)
   intro = ("The training step compiled, never run, once per depth and scan setting, each in a "
-           "fresh process (`experiments.benchmark --steps=0`: lowering and XLA compilation, no "
-           "persistent compilation cache). Produced by `experiments/compile_depth.py`.")
+           "fresh process (`benchmarks.train_step --steps=0`: lowering and XLA compilation, no "
+           "persistent compilation cache). Produced by `benchmarks/compile_depth.py`.")
   report.write_markdown(path + ".md", "Compile time against depth (nn.scan)", intro, command,
                         ["## Results\n", table])
   report.write_json(path + ".json", {"command": command, "hardware": report.hardware(),
@@ -66,9 +66,9 @@ if __name__ == "__main__":
   _LAYERS = flags.DEFINE_list("layers", ["6", "24"], "Depths (encoder and decoder layers each).")
   _SCAN = flags.DEFINE_list("scan_layers", ["true", "false"], "Settings of model.scan_layers.")
   _BENCHMARK_FLAGS = flags.DEFINE_list("benchmark_flags", BASE_FLAGS,
-                                       "Flags of every experiments.benchmark run (model, shapes).")
+                                       "Flags of every benchmarks.train_step run (model, shapes).")
   _TIMEOUT = flags.DEFINE_float("timeout", 1800, "Seconds allowed for one compilation.")
-  _OUT = flags.DEFINE_string("out", "experiments/results/compile_depth",
+  _OUT = flags.DEFINE_string("out", "benchmarks/results/compile_depth",
                              "Report path without extension.")
 
   def main(argv: list[str]) -> None:

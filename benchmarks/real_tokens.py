@@ -1,7 +1,7 @@
 """Real tokens per second where users look: whole training runs, WMT's fixed buckets against the
 default (packed rows), on the numbers corpus and on short natural-language sentences.
 
-    python -m experiments.real_tokens --steps=200 --rounds=2
+    python -m benchmarks.real_tokens --steps=200 --rounds=2
 
 The sentences are the German message catalogues installed on this machine (`--catalogues`,
 `*.mo` read with `gettext.GNUTranslations`): every single-line English message with its German
@@ -412,7 +412,7 @@ def write_report(path: str, command: str, corpus: dict[str, Any] | None,
     "also holds the first metrics write (under a second).")
   report.write_markdown(
     path + ".md", "Real tokens per second: WMT's buckets against the default",
-    "Made by `experiments/real_tokens.py` (method in its docstring): whole training runs of "
+    "Made by `benchmarks/real_tokens.py` (method in its docstring): whole training runs of "
     "`python -m transformer.main`, WMT's fixed buckets (`data.packing=False`) against the "
     "config as it is (packed rows), the runs taking turns.", command,
     ["## Corpora\n", "\n".join(corpora_lines) + "\n", "## Results (best of the runs)\n",
@@ -450,7 +450,7 @@ if __name__ == "__main__":
   _TIMEOUT = flags.DEFINE_float("timeout", 3600.0, "Seconds a run may take.")
   _WORKDIR = flags.DEFINE_string("workdir", os.path.join("runs", "real_tokens"),
                                  "Holds the messages corpus and the runs' workdirs (emptied).")
-  _OUT = flags.DEFINE_string("out", os.path.join("experiments", "results", "real_tokens"),
+  _OUT = flags.DEFINE_string("out", os.path.join("benchmarks", "results", "real_tokens"),
                              "Report path without extension (.md and .json).")
 
   def main(argv: list[str]) -> None:

@@ -1,7 +1,7 @@
 """The data path at full size: a first start and a restart, stage by stage, time and memory.
 
     python -m experiments.synthetic_wmt --data_dir=/tmp/synth_wmt        # once: 4.5M pairs
-    python -m experiments.pipeline_benchmark --config=configs/wmt.py \\
+    python -m benchmarks.pipeline --config=configs/wmt.py \\
         --config.data_dir=/tmp/synth_wmt --workdir=/tmp/pipeline_bench
 
 Runs the start-up of `train_and_evaluate` twice, each in a fresh process: a first start on an
@@ -160,7 +160,7 @@ def accelerator_batches_per_second(config: Any) -> dict[str, float]:
 
 def _run_start(label: str, argv: list[str], timeout: float) -> dict[str, Any]:
   """One start in a fresh process (`--child`), which prints its result as a JSON line."""
-  cmd = [sys.executable, "-m", "experiments.pipeline_benchmark", *argv, "--child"]
+  cmd = [sys.executable, "-m", "benchmarks.pipeline", *argv, "--child"]
   try:
     result = measure.run_json(cmd, timeout)
   except RuntimeError as e:
@@ -185,7 +185,7 @@ def write_report(out: str, config: Any, tiny: bool, runs: dict[str, dict[str, An
   restart = runs["restart"]
   report.write_markdown(
     out + ".md", "The data path at full size: first start and restart",
-    f"Made by `experiments/pipeline_benchmark.py` (method in its docstring). Dataset "
+    f"Made by `benchmarks/pipeline.py` (method in its docstring). Dataset "
     f"`{config.dataset}` ({restart['train_examples']:,} training pairs, "
     f"{restart['kept_examples']:,} within the length limits), vocabulary "
     f"{config.data.vocab_size}, {config.data.tokens_per_batch} tokens per batch and side, "
@@ -239,7 +239,7 @@ if __name__ == "__main__":
   _WORKDIR = flags.DEFINE_string("workdir", None, "Workdir of the benchmark (emptied first).")
   _TINY = flags.DEFINE_bool("tiny_model", True, "Replace the model by 1 + 1 layers of width 32.")
   _BATCHES = flags.DEFINE_integer("batches", 1000, "Batches timed for the host's batch rate.")
-  _OUT = flags.DEFINE_string("out", os.path.join("experiments", "results", "pipeline"),
+  _OUT = flags.DEFINE_string("out", os.path.join("benchmarks", "results", "pipeline"),
                              "Report path without extension (.md and .json).")
   _CHILD = flags.DEFINE_bool("child", False, "Internal: run one start, print its JSON line.")
   _COMPILE_THREADS = flags.DEFINE_integer(

@@ -1,6 +1,6 @@
 """Gradient accumulation (`config.grad_accum_steps` = k): the train step's memory and time.
 
-    python -m experiments.accum_memory
+    python -m benchmarks.accum_memory
 
 Memory: the train step of `--config` (default: configs/wmt.py:base, vocabulary 37,000) for one
 batch of `--rows` x `--length` tokens per side (96 x 256 = 24,576, about the paper's 25,000),
@@ -186,7 +186,7 @@ def write_report(path: str, config: Any, time_config: Any, memory: list[dict[str
     ]
   report.write_markdown(
     path + ".md", "Gradient accumulation: memory and step time against k",
-    "Made by `experiments/accum_memory.py` (method in its docstring). `config.grad_accum_steps"
+    "Made by `benchmarks/accum_memory.py` (method in its docstring). `config.grad_accum_steps"
     "` = k runs each batch as k micro-batches in one jitted step and makes one update with the "
     "whole batch's mean gradient.", command, body)
   report.write_json(path + ".json", {"command": command, "hardware": report.hardware(),
@@ -208,7 +208,7 @@ if __name__ == "__main__":
   _TIME_K = flags.DEFINE_list("time_k", ["1", "2", "4"], "Time part: values of k (empty: none).")
   _ROUNDS = flags.DEFINE_integer("rounds", 5, "Time part: timed rounds.")
   _STEPS = flags.DEFINE_integer("steps_per_round", 4, "Time part: steps of each k per round.")
-  _OUT = flags.DEFINE_string("out", "experiments/results/accum_memory",
+  _OUT = flags.DEFINE_string("out", "benchmarks/results/accum_memory",
                              "Report path without extension.")
 
   def main(argv: list[str]) -> None:

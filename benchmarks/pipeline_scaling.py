@@ -1,15 +1,15 @@
-"""The data path against the corpus size: pipeline_benchmark's records at several sizes, one table.
+"""The data path against the corpus size: benchmarks.pipeline's records at several sizes, one table.
 
     python -m experiments.synthetic_wmt --pair=fr-en --train_size=4508785 \
         --data_dir=/tmp/synth_fr_4m5                                # and 18000000 pairs
-    python -m experiments.pipeline_benchmark --config=configs/wmt.py:fr_base \\
+    python -m benchmarks.pipeline --config=configs/wmt.py:fr_base \\
         --config.data_dir=/tmp/synth_fr_4m5 --workdir=/tmp/pb_fr_4m5 \\
-        --out=experiments/results/pipeline_fr_4m5                   # and the same for 18m
-    python -m experiments.pipeline_scaling \\
-        --runs=experiments/results/pipeline_fr_4m5.json,experiments/results/pipeline_fr_18m.json \\
-        --out=experiments/results/pipeline_fr
+        --out=benchmarks/results/pipeline_fr_4m5                   # and the same for 18m
+    python -m benchmarks.pipeline_scaling \\
+        --runs=benchmarks/results/pipeline_fr_4m5.json,benchmarks/results/pipeline_fr_18m.json \\
+        --out=benchmarks/results/pipeline_fr
 
-Reads the JSON records that `experiments/pipeline_benchmark.py` wrote (one per corpus size: a
+Reads the JSON records that `benchmarks/pipeline.py` wrote (one per corpus size: a
 first start on an empty workdir, then a restart) and writes one report: per corpus size, the
 first start and the restart to the first step, the vocabulary's time, the token cache's build
 time and size on disk, and the peak host RSS of every stage; then a linear fit in the number of
@@ -33,8 +33,8 @@ from transformer.errors import fail, parse_flags
 # the smallest corpus's (timing noise on a shared machine; RSS of the allocator's arenas).
 GROWTH_TOLERANCE = 1.5
 GIB = 2.0**30
-FIRST_STEP = "first step"  # pipeline_benchmark's stage after the data path
-# The starts of a record (pipeline_benchmark's runs and its warm-cache restart).
+FIRST_STEP = "first step"  # benchmarks.pipeline's stage after the data path
+# The starts of a record (benchmarks.pipeline's runs and its warm-cache restart).
 FIRST, COLD, WARM = "first start", "restart", "warm restart"
 
 
@@ -45,7 +45,7 @@ def data_stages(run: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def summary(record: dict[str, Any]) -> dict[str, Any]:
-  """The numbers of one pipeline_benchmark record that the scaling report compares."""
+  """The numbers of one benchmarks.pipeline record that the scaling report compares."""
   runs = {FIRST: record["runs"]["first start"], COLD: record["runs"]["restart"]}
   if record.get("warm_compilation_cache"):
     runs[WARM] = record["warm_compilation_cache"]
@@ -155,8 +155,8 @@ def write_report(out: str, rows: list[dict[str, Any]], extrapolate: list[int], c
   last = rows[-1]
   report.write_markdown(
     out + ".md", "The data path against the corpus size: WMT14 English-French",
-    "Made by `experiments/pipeline_scaling.py` from the records of "
-    "`experiments/pipeline_benchmark.py` (method in their docstrings), one per corpus size: "
+    "Made by `benchmarks/pipeline_scaling.py` from the records of "
+    "`benchmarks/pipeline.py` (method in their docstrings), one per corpus size: "
     "the synthetic `wmt14_translate/fr-en` of `experiments/synthetic_wmt.py --pair=fr-en` "
     "(the real TFDS builder and layout, nonsense text with WMT-like lengths) at "
     f"{', '.join(f'{n:,}' for n in pairs)} training pairs. Each benchmark runs, each in a "
@@ -201,10 +201,10 @@ if __name__ == "__main__":
 
   _RUNS = flags.DEFINE_list(
     "runs",
-    [os.path.join("experiments", "results", f"pipeline_fr_{s}.json") for s in ("4m5", "18m")],
-    "JSON records of experiments.pipeline_benchmark, one per corpus size.",
+    [os.path.join("benchmarks", "results", f"pipeline_fr_{s}.json") for s in ("4m5", "18m")],
+    "JSON records of benchmarks.pipeline, one per corpus size.",
   )
-  _OUT = flags.DEFINE_string("out", os.path.join("experiments", "results", "pipeline_fr"),
+  _OUT = flags.DEFINE_string("out", os.path.join("benchmarks", "results", "pipeline_fr"),
                              "Report path without extension (.md and .json).")
   _EXTRAPOLATE = flags.DEFINE_list("extrapolate", ["36000000", "40836876"],
                                    "Corpus sizes (pairs) to extrapolate the linear fits to.")
@@ -219,7 +219,7 @@ if __name__ == "__main__":
     for path in _RUNS.value:
       record = report.read_json(path)
       if not record:
-        fail(f"--runs: no pipeline_benchmark record at {path}")
+        fail(f"--runs: no benchmarks.pipeline record at {path}")
       records.append(summary(record))
     try:
       extrapolate = [int(float(n)) for n in _EXTRAPOLATE.value]

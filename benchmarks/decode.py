@@ -1,8 +1,8 @@
 """Decoding speed: our KV-cached greedy and beam search against an uncached decoder or CTranslate2.
 
-    python -m experiments.decode_benchmark --batch_size=8 --src_len=32 --out_len=64 \
-        --beam_size=4 --repeats=3                      # -> experiments/results/decode.md
-    python -m experiments.decode_benchmark --peer=ctranslate2 --peer_batch_sizes=32,1 \
+    python -m benchmarks.decode --batch_size=8 --src_len=32 --out_len=64 \
+        --beam_size=4 --repeats=3                      # -> benchmarks/results/decode.md
+    python -m benchmarks.decode --peer=ctranslate2 --peer_batch_sizes=32,1 \
         --src_len=32 --out_len=64 --beam_size=4 --repeats=3   # -> benchmark_vs_peer_decode.md
 
 The first times KV-cached greedy and beam search against uncached greedy decoding, the second
@@ -413,7 +413,7 @@ def write_report(path: str, record: dict[str, Any], command: str) -> str:
               "`transformer.export`" if r["peer"] else
               "the uncached greedy decoder, which re-runs the whole decoder at every step")
   intro = (
-    "Produced by `experiments/decode_benchmark.py` (method in its docstring). "
+    "Produced by `benchmarks/decode.py` (method in its docstring). "
     f"Random parameters of `{r['config']}` ({r['layers']} + {r['layers']} layers, d_model "
     f"{r['d_model']}, d_ff {r['d_ff']}, {r['heads']} heads, vocabulary {r['vocab']}, "
     f"{r['params']:,} parameters, {r['dtype']}); our KV-cached greedy and beam search "
@@ -459,7 +459,7 @@ if __name__ == "__main__":
   _PROFILE = flags.DEFINE_bool("profile", True, "Profile our greedy and beam search once more "
                                "each (untimed): where their time goes, in the report.")
   _REPORT = flags.DEFINE_string(
-    "report", None, "The markdown report ('' for none); default experiments/results/decode.md, "
+    "report", None, "The markdown report ('' for none); default benchmarks/results/decode.md, "
     "with --peer benchmark_vs_peer_decode.md.")
   FLAGS = flags.FLAGS
 
@@ -495,7 +495,7 @@ if __name__ == "__main__":
     path = _REPORT.value
     if path is None:
       name = "benchmark_vs_peer_decode.md" if _PEER.value else "decode.md"
-      path = os.path.join(ROOT, "experiments", "results", name)
+      path = os.path.join(ROOT, "benchmarks", "results", name)
     if path:
       print(f"report: {write_report(path, record, command)}", flush=True)
     print(json.dumps(record), flush=True)

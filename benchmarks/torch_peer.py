@@ -1,10 +1,10 @@
 """The PyTorch peer of our training-step benchmark: torch.nn.Transformer at the same shapes.
 
     python -m venv /tmp/torch-peer && /tmp/torch-peer/bin/pip install -r requirements-peer.txt
-    /tmp/torch-peer/bin/python experiments/torch_peer.py --repeats 3
+    /tmp/torch-peer/bin/python benchmarks/torch_peer.py --repeats 3
 
-(`python -m experiments.torch_peer` works too.) `experiments/compare_peer.py` runs it by default,
-alternated with `experiments.benchmark`. It needs only torch: it imports nothing from the
+(`python -m benchmarks.torch_peer` works too.) `benchmarks/compare_peer.py` runs it by default,
+alternated with `benchmarks.train_step`. It needs only torch: it imports nothing from the
 project, and torch only inside `main`, so that this file can be imported (for its FLOP count)
 where torch is missing.
 
@@ -20,7 +20,7 @@ paper's learning-rate schedule. Default shapes: vocabulary 8192, d_model 512, 6 
 8 heads, d_ff 2048, dropout 0.1, label smoothing 0.1, batch 32 x 64 source + 64 target tokens,
 random ids in [2, vocab), no padding.
 
-Measured as `experiments/benchmark.py` measures ours:
+Measured as `benchmarks/train_step.py` measures ours:
   - `--warmup_steps` untimed steps, then `--repeats` timed ones, each on its own batch made
     before the clock starts; a step ends with `loss.item()`, which waits for it. step_s is the
     best of the timed steps; the median and the least CPU time (all threads) are reported too.
@@ -92,7 +92,7 @@ def _probability(text: str) -> float:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   """The command line (defaults: the base shapes); exits with status 2 on a bad value."""
   p = argparse.ArgumentParser(
-    prog="experiments/torch_peer.py",
+    prog="benchmarks/torch_peer.py",
     description="One training step of torch.nn.Transformer, timed; prints one JSON line.",
   )
   d = DEFAULTS
@@ -287,7 +287,7 @@ def main(argv: list[str] | None = None) -> None:
   try:
     import torch  # noqa: F401
   except ImportError as e:
-    print(f"error: experiments/torch_peer.py needs PyTorch ({e}); in a separate environment: "
+    print(f"error: benchmarks/torch_peer.py needs PyTorch ({e}); in a separate environment: "
           f"{INSTALL}", file=sys.stderr, flush=True)
     sys.exit(2)
   record = run(args)

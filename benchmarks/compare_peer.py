@@ -1,12 +1,12 @@
 """Our training step against the PyTorch peer, alternated in one run, with ratios.
 
     python -m venv /tmp/torch-peer && /tmp/torch-peer/bin/pip install -r requirements-peer.txt
-    python -m experiments.compare_peer --peer_python=/tmp/torch-peer/bin/python
+    python -m benchmarks.compare_peer --peer_python=/tmp/torch-peer/bin/python
 
 For each of `--rounds` rounds and each shape of `--shapes` (SHAPES: `small`, a 3 + 3 layer
 pre-layer-norm model of width 256 on batches of 96 x 32 + 32 tokens; `base`, the paper's base
-model on 32 x 64 + 64 tokens; `custom`, no preset), runs `python -m experiments.benchmark` once
-per variant, each followed by one run of the peer (`experiments/torch_peer.py` by default:
+model on 32 x 64 + 64 tokens; `custom`, no preset), runs `python -m benchmarks.train_step` once
+per variant, each followed by one run of the peer (`benchmarks/torch_peer.py` by default:
 torch.nn.Transformer at the same shapes, dropout 0.1, label smoothing 0.1). `--benchmark_flags`
 and `--peer_flags` are added to every run of ours and of the peer. Alternating spreads the load
 of a shared machine over both programs alike. In the last round, our run of the first variant
@@ -39,8 +39,8 @@ from experiments import report as report_lib  # `report` is this module's report
 from transformer.errors import fail, parse_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PEER = os.path.join(ROOT, "experiments", "torch_peer.py")
-# name -> (flags of experiments.benchmark, flags of the peer, description).
+PEER = os.path.join(ROOT, "benchmarks", "torch_peer.py")
+# name -> (flags of benchmarks.train_step, flags of the peer, description).
 SHAPES = {
   "small": (
     ["--config=configs/wmt.py:base", "--config.model.dtype=float32",
@@ -62,7 +62,7 @@ SHAPES = {
   ),
   "custom": ([], [], "the shapes of --benchmark_flags and --peer_flags"),
 }
-# name -> extra flags of experiments.benchmark; the peer always runs dropout 0.1.
+# name -> extra flags of benchmarks.train_step; the peer always runs dropout 0.1.
 VARIANTS = {
   "base": [],
   "exact_dropout": ["--config.model.dropout_mask_bits=32"],
@@ -173,7 +173,7 @@ def write_report(path: str, records: list[dict[str, Any]], command: str, env: st
   body += [profile_section(r["shape"], r["profile"]) for r in rows if r["profile"]]
   return report_lib.write_markdown(
     path, "Our training step against the PyTorch peer, alternated in one run",
-    "Made by `experiments/compare_peer.py` (method in its docstring); every run's JSON "
+    "Made by `benchmarks/compare_peer.py` (method in its docstring); every run's JSON "
     f"line is in `{os.path.basename(os.path.splitext(path)[0])}.jsonl`. Tokens/s count "
     "source + target tokens; each side's best run, ratio = our best / the peer's best. CPU s "
     "per step: the least CPU time (all threads) of a timed step, which moves less than wall "
@@ -213,7 +213,7 @@ def compare(peer_python: str, peer: str, shapes: list[str], variants: list[str],
         for i, name in enumerate(variants):
           profile = profile_steps if round_ == rounds - 1 and i == 0 else 0
           for program, cmd in (
-            ("ours", [sys.executable, "-m", "experiments.benchmark", *ours_flags,
+            ("ours", [sys.executable, "-m", "benchmarks.train_step", *ours_flags,
                       *benchmark_flags, *VARIANTS[name], f"--steps={steps}",
                       f"--profile_steps={profile}"]),
             ("peer", [peer_python, peer, "--repeats", str(steps), *shape_peer_flags,
@@ -236,11 +236,11 @@ if __name__ == "__main__":
 
   _PEER_PYTHON = flags.DEFINE_string("peer_python", os.environ.get("PEER_PYTHON", ""),
                                      "Python with torch installed (or $PEER_PYTHON).")
-  _PEER = flags.DEFINE_string("peer", PEER, "The peer's script (experiments/torch_peer.py).")
+  _PEER = flags.DEFINE_string("peer", PEER, "The peer's script (benchmarks/torch_peer.py).")
   _SHAPES = flags.DEFINE_list("shapes", ["small", "base"], f"Presets of {list(SHAPES)}.")
   _PEER_FLAGS = flags.DEFINE_list("peer_flags", [], "Extra flags of every peer run.")
   _BENCHMARK_FLAGS = flags.DEFINE_list(
-    "benchmark_flags", [], "Extra flags of every run of experiments.benchmark (after the "
+    "benchmark_flags", [], "Extra flags of every run of benchmarks.train_step (after the "
     "shape's: a repeated flag takes the last value).")
   _ROUNDS = flags.DEFINE_integer("rounds", 3, "Rounds; each runs every shape, variant and peer.")
   _STEPS = flags.DEFINE_integer("timed_steps", 3, "Timed steps per run (both programs).")
@@ -249,7 +249,7 @@ if __name__ == "__main__":
   _VARIANTS = flags.DEFINE_list("variants", list(VARIANTS), f"Subset of {list(VARIANTS)}.")
   _XLA_FLAGS = flags.DEFINE_string("xla_flags", "", "XLA_FLAGS of both programs.")
   _ENV = flags.DEFINE_multi_string("env", [], "NAME=VALUE set for both programs.")
-  _OUT = flags.DEFINE_string("out", os.path.join("experiments", "results", "benchmark_vs_peer"),
+  _OUT = flags.DEFINE_string("out", os.path.join("benchmarks", "results", "benchmark_vs_peer"),
                              "Output path without extension (.jsonl and .md are written).")
 
   def main(argv: list[str]) -> None:

@@ -1,6 +1,6 @@
 """Training-step benchmark: throughput, model FLOPs, and the fraction of the matmul rate.
 
-    python -m experiments.benchmark --config=configs/wmt.py:base \
+    python -m benchmarks.train_step --config=configs/wmt.py:base \
         --config.model.dtype=float32 --config.model.vocab_size=8192 --config.mesh.data=1 \
         --batch_size=32 --src_len=64 --tgt_len=64 --steps=5
 
@@ -8,7 +8,7 @@
 (`step_cost.measure_step`), reads XLA's memory analysis (`measure.memory_stats`: temp and
 peak bytes per device), times `--warmup_steps` untimed and `--steps` timed steps on random
 batches, and measures the machine's matmul rate in the same run. As the PyTorch peer
-(experiments/torch_peer.py), step_s is the best timed step (median too), model FLOPs follow
+(benchmarks/torch_peer.py), step_s is the best timed step (median too), model FLOPs follow
 `hardware.model_flops_per_step`, and the matmul rate is the best of `--matmul_repeats` [n, n]
 products; step_cpu_s (the least CPU time of a step) moves less with other processes' load.
 `--config.data.vocab_size` follows the model's (no data here). `--steps=0` compiles only. The
