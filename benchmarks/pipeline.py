@@ -1,6 +1,6 @@
 """The data path at full size: a first start and a restart, stage by stage, time and memory.
 
-    python -m experiments.synthetic_wmt --data_dir=/tmp/synth_wmt        # once: 4.5M pairs
+    python -m benchmarks.synthetic_wmt --data_dir=/tmp/synth_wmt        # once: 4.5M pairs
     python -m benchmarks.pipeline --config=configs/wmt.py \\
         --config.data_dir=/tmp/synth_wmt --workdir=/tmp/pipeline_bench
 

@@ -1,6 +1,6 @@
 """The data path against the corpus size: benchmarks.pipeline's records at several sizes, one table.
 
-    python -m experiments.synthetic_wmt --pair=fr-en --train_size=4508785 \
+    python -m benchmarks.synthetic_wmt --pair=fr-en --train_size=4508785 \
         --data_dir=/tmp/synth_fr_4m5                                # and 18000000 pairs
     python -m benchmarks.pipeline --config=configs/wmt.py:fr_base \\
         --config.data_dir=/tmp/synth_fr_4m5 --workdir=/tmp/pb_fr_4m5 \\
@@ -157,7 +157,7 @@ def write_report(out: str, rows: list[dict[str, Any]], extrapolate: list[int], c
     out + ".md", "The data path against the corpus size: WMT14 English-French",
     "Made by `benchmarks/pipeline_scaling.py` from the records of "
     "`benchmarks/pipeline.py` (method in their docstrings), one per corpus size: "
-    "the synthetic `wmt14_translate/fr-en` of `experiments/synthetic_wmt.py --pair=fr-en` "
+    "the synthetic `wmt14_translate/fr-en` of `benchmarks/synthetic_wmt.py --pair=fr-en` "
     "(the real TFDS builder and layout, nonsense text with WMT-like lengths) at "
     f"{', '.join(f'{n:,}' for n in pairs)} training pairs. Each benchmark runs, each in a "
     f"fresh process: a {FIRST} on an empty workdir, a {COLD} (vocabulary and token cache "
