@@ -19,16 +19,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from absl import app, flags
-from ml_collections import config_flags
-
 from transformer.errors import UserError, fail, flags_parser
-
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Config of the trained model.")
-_WORKDIR = flags.DEFINE_string("workdir", None, "Workdir: checkpoint and vocabulary.")
-_SENTENCE = flags.DEFINE_string("sentence", "three hundred and forty-seven", "Source sentence.")
-_OUT = flags.DEFINE_string("out", os.path.join("experiments", "results", "attention_maps.png"),
-                           "PNG path.")
 
 
 def attention_maps(config: Any, workdir: str, sentence: str, out: str) -> dict[str, Any]:
@@ -87,21 +78,29 @@ def write_markdown(result: dict[str, Any], config: Any) -> str:
     [f"![attention maps]({os.path.basename(result['path'])})\n"])
 
 
-def main(argv: list[str]) -> None:
-  if len(argv) > 1:
-    fail(f"unexpected arguments {' '.join(argv[1:])!r}")
-  if _CONFIG.value is None or _WORKDIR.value is None:
-    fail("--config and --workdir are required, e.g. --config=configs/numbers.py "
-         "--workdir=runs/numbers")
-  try:
-    result = attention_maps(_CONFIG.value, _WORKDIR.value, _SENTENCE.value, _OUT.value)
-  except (UserError, ValueError) as e:
-    fail(str(e))
-  print(f"translation: {result['translation']}\n{result['maps']} attention layers x "
-        f"{result['heads']} heads ({result['checkpoint']}) -> {result['path']}, "
-        f"{result['markdown']}", flush=True)
-
-
 if __name__ == "__main__":
+  from absl import app, flags
+  from ml_collections import config_flags
+
+  _CONFIG = config_flags.DEFINE_config_file("config", None, "Config of the trained model.")
+  _WORKDIR = flags.DEFINE_string("workdir", None, "Workdir: checkpoint and vocabulary.")
+  _SENTENCE = flags.DEFINE_string("sentence", "three hundred and forty-seven", "Source sentence.")
+  _OUT = flags.DEFINE_string("out", os.path.join("experiments", "results", "attention_maps.png"),
+                             "PNG path.")
+
+  def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+      fail(f"unexpected arguments {' '.join(argv[1:])!r}")
+    if _CONFIG.value is None or _WORKDIR.value is None:
+      fail("--config and --workdir are required, e.g. --config=configs/numbers.py "
+           "--workdir=runs/numbers")
+    try:
+      result = attention_maps(_CONFIG.value, _WORKDIR.value, _SENTENCE.value, _OUT.value)
+    except (UserError, ValueError) as e:
+      fail(str(e))
+    print(f"translation: {result['translation']}\n{result['maps']} attention layers x "
+          f"{result['heads']} heads ({result['checkpoint']}) -> {result['path']}, "
+          f"{result['markdown']}", flush=True)
+
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   app.run(main, flags_parser=flags_parser())

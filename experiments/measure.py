@@ -1,4 +1,4 @@
-"""Measurement helpers shared by the experiments: FLOPs, parameters, memory, loops, timing, fits.
+"""Measurement helpers shared by the experiments: parameters, memory, loops, timing, fits.
 
 A library without flags, imported by the experiment commands and the other experiment
 libraries (step_cost.py, long_range.py, sweeps.py).
@@ -25,39 +25,7 @@ def check_at_least(checks: Iterable[tuple[str, int, int]]) -> None:
       raise ConfigError(f"{name}={value}: must be >= {minimum}")
 
 
-# ----------------------------------------------------------------------------- FLOPs
-
-
-def model_flops_per_step(
-  d_model: int,
-  d_ff: int,
-  num_layers: int,
-  vocab_size: int,
-  batch_size: int,
-  src_len: int,
-  tgt_len: int,
-  attn_width: int | None = None,
-) -> int:
-  """Model FLOPs of one training step, counted as the PyTorch peer counts them.
-
-  6 per parameter per token for the matrix products (2 forward, 4 backward), plus the
-  attention score (Q K^T) and mix (weights V) products, also tripled for the backward pass:
-    forward matmuls   = 2 * [B*S * L * (4 d a + 2 d f) + B*T * L * (8 d a + 2 d f) + B*T * d V]
-    forward attention = 2 * 2 * B * a * L * (S^2 + T^2 + T*S)
-    step              = 3 * (forward matmuls + forward attention)
-  where a = heads * head_dim (= d_model in the paper's configs, and in the peer). As in the
-  peer, the cross-attention key/value projections are counted per target token (exact when
-  S == T), the decoder self-attention is counted over the full T x T square although it is
-  causal, and embedding lookups, layer norms, softmax and the optimiser are not counted.
-  """
-  d, f, layers, vocab = d_model, d_ff, num_layers, vocab_size
-  a = d if attn_width is None else attn_width
-  ts, tt = batch_size * src_len, batch_size * tgt_len
-  matmul_fwd = ts * layers * (4 * d * a + 2 * d * f) * 2  # encoder projections and FFN
-  matmul_fwd += tt * layers * (8 * d * a + 2 * d * f) * 2  # decoder self + cross + FFN
-  matmul_fwd += tt * d * vocab * 2  # logits
-  attn_fwd = 2 * 2 * batch_size * a * layers * (src_len**2 + tgt_len**2 + tgt_len * src_len)
-  return 3 * (matmul_fwd + attn_fwd)
+# ----------------------------------------------------------------------------- rates, sizes
 
 
 def tree_bytes(path: str) -> int:

@@ -1,10 +1,11 @@
 """What one training step costs: compilation, memory, sequential loops, time, FLOPs.
 
-A library without flags. `run_benchmark` is experiments/benchmark.py's measurement (one shape,
-against the machine's matmul rate); `cost_sweep` is the measurement over sequence lengths n of
+`measure_step` is the measurement of one shape, which benchmarks/train_step.py sets against the
+machine's matmul rate; `cost_sweep` is the measurement over sequence lengths n of
 experiments/seq_len.py and experiments/claims.py, for the Transformer with each attention
 implementation and the LSTM baseline with the same number of parameters, and `cost_tables` /
-`plot_cost` are their tables and figures.
+`plot_cost` are their tables and figures. `op_profile` says where a compiled program's time
+goes, from a profiler trace.
 
 Each measurement builds the project's `Trainer`, compiles its train step ahead of time for the
 batch shapes (`lower_train_step(shapes).compile()`), reads XLA's memory analysis of the
@@ -161,77 +162,6 @@ def op_profile(op_seconds: dict[str, float], hlo_text: str, steps: int, top: int
     "categories": [{"category": c, "seconds": v, "share": v / total}
                    for c, v in sorted(by_category.items(), key=lambda kv: -kv[1])],
   }
-
-
-def run_benchmark(config: Any, batch_size: int, src_len: int, tgt_len: int, steps: int,
-                  warmup_steps: int = 2, matmul_size: int = 2048, matmul_repeats: int = 5,
-                  packed_segments: int = 0, matmul_dtype: str = "float32",
-                  profile_steps: int = 0) -> dict[str, Any]:
-  """experiments/benchmark.py's JSON record: `measure_step` on the config's mesh, the model
-  FLOPs of the PyTorch peer's formula and the fraction of the matmul rate measured in
-  `matmul_dtype`. Packed rows (`packed_segments` > 0) count FLOPs as unpacked rows of the
-  same shape: attention over a whole row, although it stays inside each segment.
-  `profile_steps` > 0 adds the `op_profile` of that many more steps (`measure_step`).
-
-  Raises ConfigError for a config or shape the benchmark cannot run.
-  """
-  import os
-
-  import jax
-
-  from transformer import sharding as sharding_lib
-  from transformer.errors import ConfigError
-  from transformer.validate import validate
-
-  measure.check_at_least((("--batch_size", batch_size, 1), ("--src_len", src_len, 1),
-                          ("--tgt_len", tgt_len, 1), ("--steps", steps, 0),
-                          ("--warmup_steps", warmup_steps, 0), ("--matmul_size", matmul_size, 1),
-                          ("--matmul_repeats", matmul_repeats, 1),
-                          ("--packed_segments", packed_segments, 0),
-                          ("--profile_steps", profile_steps, 0)))
-  with config.unlocked():
-    config.data.vocab_size = config.model.vocab_size  # no data here: keep validation happy
-  mc = validate(config, jax.device_count())
-  if max(src_len, tgt_len) > mc.max_len:
-    raise ConfigError(f"--src_len/--tgt_len ({src_len}/{tgt_len}) exceed model.max_len="
-                      f"{mc.max_len}: raise model.max_len or shorten them")
-  mesh = sharding_lib.make_mesh(config.mesh)
-  dp = sharding_lib.data_parallel_size(mesh)
-  if batch_size % dp:
-    raise ConfigError(f"--batch_size={batch_size} is not divisible by the {dp} data-parallel "
-                      "devices (mesh.data x mesh.fsdp)")
-  flops = measure.model_flops_per_step(mc.d_model, mc.d_ff, mc.num_layers, mc.vocab_size,
-                                       batch_size, src_len, tgt_len,
-                                       attn_width=mc.num_heads * mc.head_dim)
-  tokens = batch_size * (src_len + tgt_len)
-  record = {
-    "benchmark": "transformer train_step", "step_s_stat": "best",
-    "model_flops_per_step": flops, "tokens_per_step": tokens,
-    **measure_step(config, mc, batch_size, src_len, tgt_len, steps=steps, warmup=warmup_steps,
-                   segments=packed_segments, profile_steps=profile_steps),
-    "warmup_steps": warmup_steps if steps else 0, "d_model": mc.d_model,
-    "layers": mc.num_layers, "heads": mc.num_heads, "head_dim": mc.head_dim, "d_ff": mc.d_ff,
-    "vocab": mc.vocab_size, "dtype": str(mc.compute_dtype), "attention": mc.attention,
-    "attention_chunk_size": mc.attention_chunk_size, "scan_layers": mc.scan_layers,
-    "remat": mc.remat, "dropout": mc.dropout_rate,
-    "attention_dropout": mc.attention_dropout_rate,
-    "label_smoothing": float(config.label_smoothing), "pre_layer_norm": mc.pre_layer_norm,
-    "share_embeddings": mc.share_embeddings, "prng_impl": str(jax.config.jax_default_prng_impl),
-    "devices": jax.device_count(), "mesh": {k: int(v) for k, v in mesh.shape.items()},
-    "backend": jax.default_backend(), "device_kind": jax.devices()[0].device_kind,
-    "cpu": report.cpu_model(), "cpu_kind": report.cpu_info()["kind"],
-    "cpu_count": os.cpu_count(), "jax": jax.__version__,
-    "xla_flags": os.environ.get("XLA_FLAGS", ""),
-    "tokens_per_s": None, "achieved_flops_per_s": None, "matmul_flops_per_s": None,
-    "fraction_of_matmul_peak": None,
-  }
-  if record["step_s"] is not None:
-    matmul = measure.measure_matmul_flops(matmul_size, matmul_repeats, matmul_dtype)
-    best = record["step_s"]
-    record.update(tokens_per_s=tokens / best, achieved_flops_per_s=flops / best,
-                  matmul_flops_per_s=matmul, fraction_of_matmul_peak=flops / best / matmul,
-                  matmul_size=matmul_size, matmul_dtype=matmul_dtype)
-  return record
 
 
 # ----------------------------------------------------------------------------- against n

@@ -7,13 +7,12 @@ Sweep files, workdirs, resuming and the report: experiments/sweeps.py.
 
 import os
 
-from absl import app
-
 from experiments import sweeps
 from transformer.errors import flags_parser
 
-FLAGS = sweeps.define_flags()
-
 if __name__ == "__main__":
+  from absl import app
+
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  FLAGS = sweeps.define_flags()
   app.run(lambda argv: sweeps.main(argv, FLAGS), flags_parser=flags_parser())

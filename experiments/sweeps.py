@@ -1,5 +1,5 @@
-"""Sweeps (a library without flags): the points of a sweep file, each trained in its own
-workdir by a child process, their results collected, and the default report.
+"""Sweeps: the points of a sweep file, each trained in its own workdir by a child process, their
+results collected, and the default report.
 
 The command is experiments/sweep.py (experiments/heads.py is the same with its own report):
 
@@ -48,8 +48,8 @@ from transformer.errors import fail
 
 
 def define_flags(default_sweep: str | None = None) -> types.SimpleNamespace:
-  """Defines the sweep command's flags; called at module level by the sweep CLIs
-  (experiments/sweep.py, experiments/heads.py), which nothing imports."""
+  """Defines the sweep command's flags; called by the sweep commands (experiments/sweep.py,
+  experiments/heads.py) when they run, under `if __name__ == "__main__":`."""
   from absl import flags
 
   return types.SimpleNamespace(

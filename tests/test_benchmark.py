@@ -11,8 +11,10 @@ import sys
 import jax
 import pytest
 
+from benchmarks import train_step
 from configs import wmt
 from experiments import measure, step_cost
+from transformer import hardware
 from transformer.errors import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -23,28 +25,9 @@ TIMING_KEYS = ("tokens_per_s", "step_s", "step_s_median", "first_step_s", "matmu
                "step_cpu_s", "achieved_flops_per_s", "fraction_of_matmul_peak")
 
 
-def _peer_flops(d, f, layers, vocab, b, s, t):
-  """The PyTorch peer's count, written out independently: 2 FLOPs per multiply-add forward,
-  3x for forward + backward; per token the matmul parameters it touches, plus QK^T and AV."""
-  encoder_params = layers * (4 * d * d + 2 * d * f)  # Q, K, V, O and the two FFN matrices
-  decoder_params = layers * (8 * d * d + 2 * d * f) + d * vocab  # self + cross + FFN + logits
-  forward = 2 * (b * s * encoder_params + b * t * decoder_params)
-  forward += 2 * 2 * b * d * layers * (s * s + t * t + t * s)
-  return 3 * forward
-
-
 def _last_json(stdout: str) -> dict:
   lines = [line for line in stdout.splitlines() if line.strip()]
   return json.loads(lines[-1])
-
-
-def test_flop_count_matches_the_peer_formula():
-  assert measure.model_flops_per_step(512, 2048, 6, 8192, 32, 64, 64) == _peer_flops(
-    512, 2048, 6, 8192, 32, 64, 64
-  )
-  assert measure.model_flops_per_step(32, 64, 1, VOCAB, B, S, T) == _peer_flops(
-    32, 64, 1, VOCAB, B, S, T
-  )
 
 
 def test_benchmark_main_one_step():
@@ -52,7 +35,7 @@ def test_benchmark_main_one_step():
   cmd = [
     sys.executable,
     "-m",
-    "experiments.benchmark",
+    "benchmarks.train_step",
     "--config=configs/wmt.py:tiny",
     f"--config.model.vocab_size={VOCAB}",
     f"--batch_size={B}",
@@ -81,7 +64,7 @@ def test_benchmark_main_one_step():
     (o["seconds"] for o in profile["top_ops"]), reverse=True)
   assert r["cpu_kind"]
 
-  assert r["model_flops_per_step"] == _peer_flops(32, 64, 1, VOCAB, B, S, T)
+  assert r["model_flops_per_step"] == hardware.model_flops_per_step(r["params"], B * S, B * T)
   assert r["tokens_per_step"] == B * (S + T)
   for key in (
     *TIMING_KEYS,
@@ -141,13 +124,13 @@ def test_compile_only_has_no_timings():
   """steps=0 (in process): compiled and analysed, nothing run, timing fields null."""
   config = wmt.get_config("tiny")
   config.model.scan_layers = True
-  r = step_cost.run_benchmark(config, B, S, T, steps=0)
+  r = train_step.run_benchmark(config, B, S, T, steps=0)
   assert config.data.vocab_size == config.model.vocab_size
   for key in TIMING_KEYS:
     assert r[key] is None, key
   assert r["step_times_s"] == [] and r["steps"] == 0
   assert r["compile_s"] > 0 and r["temp_memory_bytes"] > 0 and r["scan_layers"] is True
-  assert r["model_flops_per_step"] == _peer_flops(32, 64, 1, 256, B, S, T)
+  assert r["model_flops_per_step"] == 6 * r["params"] * B * (S + T) / 2
   json.dumps(r)  # the record is JSON-serialisable as it stands
 
 
@@ -162,7 +145,7 @@ def test_compile_only_has_no_timings():
 def test_bad_shapes_are_config_errors(kwargs, field):
   args = {"batch_size": B, "src_len": S, "tgt_len": T, "steps": 0, **kwargs}
   with pytest.raises(ConfigError, match=field):
-    step_cost.run_benchmark(wmt.get_config("tiny"), **args)
+    train_step.run_benchmark(wmt.get_config("tiny"), **args)
 
 
 def test_minor_faults_count_first_touches():
@@ -176,7 +159,7 @@ def test_minor_faults_count_first_touches():
 
 @pytest.mark.slow
 def test_compare_peer_alternates_and_reports_ratios(tmp_path):
-  """experiments.compare_peer end to end, with tiny shapes and a stand-in for the peer."""
+  """benchmarks.compare_peer end to end, with tiny shapes and a stand-in for the peer."""
   fake_peer = tmp_path / "peer.py"
   fake_peer.write_text(
     "import json\n"
@@ -189,7 +172,7 @@ def test_compare_peer_alternates_and_reports_ratios(tmp_path):
             "--config.mesh.data=1", f"--config.model.vocab_size={VOCAB}",
             f"--batch_size={B}", f"--src_len={S}", f"--tgt_len={T}"]
   proc = subprocess.run(
-    [sys.executable, "-m", "experiments.compare_peer", f"--peer_python={sys.executable}",
+    [sys.executable, "-m", "benchmarks.compare_peer", f"--peer_python={sys.executable}",
      f"--peer={fake_peer}", "--rounds=1", "--timed_steps=1", "--variants=base,no_dropout",
      "--shapes=custom", "--benchmark_flags=" + ",".join(shapes), "--profile_steps=1",
      "--env=PEER_PROBE=1", f"--out={out}"],
@@ -210,23 +193,23 @@ def test_compare_peer_alternates_and_reports_ratios(tmp_path):
 
 
 def test_compile_depth_ratios_are_per_scan_setting():
-  from experiments import compile_depth_report
+  from benchmarks import compile_depth
 
   records = [{"layers": n, "scan_layers": scan, "compile_s": s}
              for n, scan, s in ((6, True, 10.0), (24, True, 12.0), (6, False, 20.0),
                                 (24, False, 140.0))]
-  ratios = [r["compile_vs_shallowest"] for r in compile_depth_report.with_ratios(records)]
+  ratios = [r["compile_vs_shallowest"] for r in compile_depth.with_ratios(records)]
   assert ratios == pytest.approx([1.0, 1.2, 1.0, 7.0])
 
 
 @pytest.mark.slow
 def test_compile_depth_end_to_end(tmp_path):
-  """experiments.compile_depth at tiny shapes: one compile-only child per depth, a report."""
+  """benchmarks.compile_depth at tiny shapes: one compile-only child per depth, a report."""
   out = tmp_path / "depth"
   shapes = ["--config=configs/wmt.py:tiny", f"--config.model.vocab_size={VOCAB}",
             f"--batch_size={B}", f"--src_len={S}", f"--tgt_len={T}"]
   proc = subprocess.run(
-    [sys.executable, "-m", "experiments.compile_depth", "--layers=1,2", "--scan_layers=true",
+    [sys.executable, "-m", "benchmarks.compile_depth", "--layers=1,2", "--scan_layers=true",
      "--benchmark_flags=" + ",".join(shapes), f"--out={out}"],
     cwd=ROOT, capture_output=True, text=True, timeout=600,
   )
@@ -245,7 +228,7 @@ def test_compile_depth_end_to_end(tmp_path):
   (["--scan_layers=maybe"], "--scan_layers"),
 ])
 def test_compile_depth_bad_arguments_are_one_line(args, message):
-  proc = subprocess.run([sys.executable, "-m", "experiments.compile_depth", *args],
+  proc = subprocess.run([sys.executable, "-m", "benchmarks.compile_depth", *args],
                         cwd=ROOT, capture_output=True, text=True, timeout=120)
   assert proc.returncode == 2 and message in proc.stderr, proc.stderr
   assert len(proc.stderr.strip().splitlines()) == 1
@@ -258,7 +241,7 @@ def test_compile_depth_bad_arguments_are_one_line(args, message):
 ])
 def test_compare_peer_bad_arguments_are_one_line(args, message):
   proc = subprocess.run(
-    [sys.executable, "-m", "experiments.compare_peer", f"--peer_python={sys.executable}", *args],
+    [sys.executable, "-m", "benchmarks.compare_peer", f"--peer_python={sys.executable}", *args],
     cwd=ROOT, capture_output=True, text=True, timeout=120,
   )
   assert proc.returncode == 2 and message in proc.stderr, proc.stderr
@@ -267,34 +250,34 @@ def test_compare_peer_bad_arguments_are_one_line(args, message):
 
 def test_compare_peer_needs_a_peer_python():
   proc = subprocess.run(
-    [sys.executable, "-m", "experiments.compare_peer", "--peer_python="],
+    [sys.executable, "-m", "benchmarks.compare_peer", "--peer_python="],
     cwd=ROOT, capture_output=True, text=True, timeout=120, env={**os.environ, "PEER_PYTHON": ""},
   )
   assert proc.returncode == 2 and "--peer_python" in proc.stderr
 
 
-# The PyTorch peer (experiments/torch_peer.py). Its real run needs torch, which the project's
+# The PyTorch peer (benchmarks/torch_peer.py). Its real run needs torch, which the project's
 # environment does not have; these checks run without it.
-PEER_SCRIPT = os.path.join(ROOT, "experiments", "torch_peer.py")
+PEER_SCRIPT = os.path.join(ROOT, "benchmarks", "torch_peer.py")
 NO_TORCH = "import sys; sys.modules['torch'] = None; "  # `import torch` raises ImportError
 
 
-@pytest.mark.parametrize("shape", [
-  (512, 2048, 6, 8192, 32, 64, 64),  # the base model at the benchmark's shapes
-  (1024, 4096, 6, 37000, 8, 100, 90),  # big, S != T
-  (32, 64, 1, VOCAB, B, S, T),
-  (8, 16, 3, 5, 1, 1, 7),
+@pytest.mark.parametrize("params, source_tokens, target_tokens", [
+  (63_045_632, 32 * 64, 32 * 64),  # the base model (WMT vocabulary), 32 x 64 tokens a side
+  (1000, 7, 90),
+  (1, 0, 1),
 ])
-def test_torch_peer_flops_match_the_benchmark(shape):
-  from experiments import torch_peer
+def test_torch_peer_flops_match_the_library(params, source_tokens, target_tokens):
+  from benchmarks import torch_peer
 
-  assert torch_peer.model_flops_per_step(*shape) == measure.model_flops_per_step(*shape)
+  assert torch_peer.model_flops_per_step(params, source_tokens, target_tokens) == (
+    hardware.model_flops_per_step(params, source_tokens, target_tokens))
 
 
 def test_torch_peer_runs_without_torch_or_jax_until_main():
   """Importing it and parsing its flags need neither torch nor JAX; main without torch is a
   one-line error naming requirements-peer.txt (exit 2), and so is a bad flag."""
-  probe = (NO_TORCH + "import json, experiments.torch_peer as p; a = p.parse_args([]); "
+  probe = (NO_TORCH + "import json, benchmarks.torch_peer as p; a = p.parse_args([]); "
            "loaded = [m for m in ('jax', 'torch') if sys.modules.get(m)]; "
            "print(json.dumps([vars(a), loaded]))")
   proc = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True,
@@ -320,27 +303,27 @@ def test_torch_peer_runs_without_torch_or_jax_until_main():
 def test_compare_peer_uses_the_repository_peer_and_writes_no_local_paths():
   from experiments import report
 
-  with open(os.path.join(ROOT, "experiments", "compare_peer.py")) as f:
-    assert 'os.path.join(ROOT, "experiments", "torch_peer.py")' in f.read()
-  cmd1 = (f"python -m experiments.compare_peer --peer_python=/opt/env/bin/python "
+  with open(os.path.join(ROOT, "benchmarks", "compare_peer.py")) as f:
+    assert 'os.path.join(ROOT, "benchmarks", "torch_peer.py")' in f.read()
+  cmd1 = (f"python -m benchmarks.compare_peer --peer_python=/opt/env/bin/python "
           f"--peer={PEER_SCRIPT} --out=/scratch/run/cmp --rounds=1")
-  cmd2 = (f"python -m experiments.compare_peer --peer_python /opt/env/bin/python "
+  cmd2 = (f"python -m benchmarks.compare_peer --peer_python /opt/env/bin/python "
           f"--benchmark_flags=--config={ROOT}/configs/wmt.py:tiny,--batch_size=8")
   hide = ("--peer_python",)
   assert report.public_command(cmd1, hide) == (
-    "python -m experiments.compare_peer --peer_python=PY --peer=experiments/torch_peer.py "
+    "python -m benchmarks.compare_peer --peer_python=PY --peer=benchmarks/torch_peer.py "
     "--out=cmp --rounds=1")
   assert report.public_command(cmd2, hide) == (
-    "python -m experiments.compare_peer --peer_python PY "
+    "python -m benchmarks.compare_peer --peer_python PY "
     "--benchmark_flags=--config=configs/wmt.py:tiny,--batch_size=8")
 
 
 def test_the_peer_comparison_points_nowhere_outside_the_repository():
   """The peer used to live outside the repository (`../../shared/peers/...`)."""
-  for name in ("experiments/compare_peer.py", "experiments/torch_peer.py",
-               "experiments/results/benchmark_vs_peer_dropout.md",
-               "experiments/results/benchmark_vs_peer.md",
-               "experiments/results/benchmark_vs_peer.jsonl"):
+  for name in ("benchmarks/compare_peer.py", "benchmarks/torch_peer.py",
+               "benchmarks/results/benchmark_vs_peer_dropout.md",
+               "benchmarks/results/benchmark_vs_peer.md",
+               "benchmarks/results/benchmark_vs_peer.jsonl"):
     with open(os.path.join(ROOT, name), encoding="utf-8") as f:
       text = f.read()
     for outside in ("shared/peers", "torch_transformer_step", "/work/", '"..", ".."'):

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
+from benchmarks import decode as decoding
 from configs import numbers, wmt
-from experiments import decoding
 from tests.xla_flags import FAST_COMPILE
 from transformer.errors import ConfigError
 
@@ -33,7 +33,7 @@ def test_benchmark_main_tiny(tmp_path):
   # Untied output weights: a random model with tied embeddings tends to repeat one token,
   # which would make the token-for-token comparison of the two greedy decoders weak.
   path = tmp_path / "decode.md"
-  cmd = [sys.executable, "-m", "experiments.decode_benchmark", "--config=configs/numbers.py:tiny",
+  cmd = [sys.executable, "-m", "benchmarks.decode", "--config=configs/numbers.py:tiny",
          "--config.model.share_embeddings=False", f"--batch_size={B}", f"--src_len={S}",
          f"--out_len={T}", f"--beam_size={K}", "--repeats=1", f"--report={path}"]
   env = {**os.environ, "XLA_FLAGS": FAST_COMPILE, "JAX_PLATFORMS": "cpu"}
@@ -113,7 +113,7 @@ def test_peer_ctranslate2_tiny(tmp_path):
   """--peer=ctranslate2 on configs/numbers.py:tiny: one round, both batch sizes, the report."""
   import ctranslate2  # noqa: F401  (requirements.txt: a missing install fails here)
   path = tmp_path / "peer.md"
-  cmd = [sys.executable, "-m", "experiments.decode_benchmark", "--config=configs/numbers.py:tiny",
+  cmd = [sys.executable, "-m", "benchmarks.decode", "--config=configs/numbers.py:tiny",
          "--peer=ctranslate2", "--peer_batch_sizes=3,1", f"--src_len={S}", f"--out_len={T}",
          f"--beam_size={K}", "--repeats=1", "--warmup=0", "--threads=1", f"--report={path}"]
   env = {**os.environ, "XLA_FLAGS": FAST_COMPILE, "JAX_PLATFORMS": "cpu"}
@@ -132,7 +132,7 @@ def test_peer_ctranslate2_tiny(tmp_path):
 
 
 def test_peer_bad_batch_sizes_is_one_line():
-  cmd = [sys.executable, "-m", "experiments.decode_benchmark", "--config=configs/numbers.py:tiny",
+  cmd = [sys.executable, "-m", "benchmarks.decode", "--config=configs/numbers.py:tiny",
          "--peer=ctranslate2", "--peer_batch_sizes=0"]
   env = {**os.environ, "XLA_FLAGS": FAST_COMPILE, "JAX_PLATFORMS": "cpu"}
   proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)

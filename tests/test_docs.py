@@ -1,22 +1,21 @@
 """The documentation (README.md and docs/*.md) against the code.
 
 - Every ```python block runs (with the repository on the path and as the working directory).
-- Every `python -m transformer.main ...` or `python -m experiments.X ...` command of a
-  ```bash / ```sh / ```shell block is parsed by that module's own flag parser, without running
-  it: the flags exist, their values parse, `--config=path[:variant]` loads with the file's
-  `get_config(arg)`, and every `--config.a.b=...` override names a field of that config.
+- Every `python -m transformer.main ...`, `python -m experiments.X ...` or
+  `python -m benchmarks.X ...` command of a ```bash / ```sh / ```shell block is parsed by that
+  module's own flag parser, without running it: the flags exist, their values parse,
+  `--config=path[:variant]` loads with the file's `get_config(arg)`, and every
+  `--config.a.b=...` override names a field of that config.
 - Every relative link resolves to a file of the repository, and an anchor to a heading of it.
 """
 
-import ast
-import importlib
 import json
 import os
 import re
 import shlex
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -28,7 +27,7 @@ DOC_FILES = ["README.md"] + sorted(
   os.path.join("docs", f) for f in os.listdir(os.path.join(ROOT, "docs")) if f.endswith(".md"))
 SHELL_LANGUAGES = {"bash", "sh", "shell"}
 # Command modules whose flags the doc tests parse.
-CHECKED_MODULES = re.compile(r"^(transformer\.main|experiments\.\w+)$")
+CHECKED_MODULES = re.compile(r"^(transformer\.main|experiments\.\w+|benchmarks\.\w+)$")
 FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
 
 
@@ -164,30 +163,49 @@ def documented_commands() -> list[tuple[str, list[str], str]]:
 
 
 def test_shell_command_parsing():
-  code = ('XLA_FLAGS= python -m experiments.decode_benchmark --a=1 \\\n  --b="x y"  # note\n'
+  code = ('XLA_FLAGS= python -m benchmarks.decode --a=1 \\\n  --b="x y"  # note\n'
           'echo "seven" | python -m transformer.main --mode=translate && ls > out.txt\n'
           'pip install -r requirements.txt; nice -n 19 python3 -m experiments.heads\n')
   commands = list(shell_commands(code))
   assert commands == [
-    ["XLA_FLAGS=", "python", "-m", "experiments.decode_benchmark", "--a=1", "--b=x y"],
+    ["XLA_FLAGS=", "python", "-m", "benchmarks.decode", "--a=1", "--b=x y"],
     ["echo", "seven"], ["python", "-m", "transformer.main", "--mode=translate"], ["ls"],
     ["pip", "install", "-r", "requirements.txt"],
     ["nice", "-n", "19", "python3", "-m", "experiments.heads"]]
   assert [module_invocation(c) for c in commands] == [
-    ("experiments.decode_benchmark", ["--a=1", "--b=x y"]), None,
+    ("benchmarks.decode", ["--a=1", "--b=x y"]), None,
     ("transformer.main", ["--mode=translate"]), None, None, ("experiments.heads", [])]
 
 
-def flags_parser_of(module) -> object:
-  """The flag parser that `module`'s `app.run(main, flags_parser=...)` uses: the expression is
-  read from the module's source and evaluated in the module's namespace."""
-  tree = ast.parse(open(module.__file__, encoding="utf-8").read())
-  for node in ast.walk(tree):
-    if isinstance(node, ast.Call) and ast.unparse(node.func) == "app.run":
-      for keyword in node.keywords:
-        if keyword.arg == "flags_parser":
-          return eval(ast.unparse(keyword.value), vars(module))  # noqa: S307
-  raise AssertionError(f"{module.__name__}: no app.run(..., flags_parser=...) found")
+def command_parser(module_name: str) -> Callable[[list[str]], list[str]]:
+  """The flag parser of `python -m module_name`, without running the command: the module runs
+  as `__main__` (so that its flags get defined, under `if __name__ == "__main__":`) with
+  absl's `app.run` replaced by a stub that keeps the `flags_parser` it is given. The entry
+  point transformer/main.py, whose `__main__` block may run the process again with huge pages,
+  is imported (its flags are module-level) and its `run()` called instead."""
+  import importlib
+  import runpy
+
+  from absl import app
+
+  given: dict[str, Callable[[list[str]], list[str]]] = {}
+
+  def keep_parser(main, argv=None, flags_parser=None):  # noqa: ARG001 - app.run's signature
+    if flags_parser is not None:
+      given["parser"] = flags_parser
+
+  run = app.run
+  app.run = keep_parser
+  try:
+    if module_name == "transformer.main":
+      importlib.import_module(module_name).run()
+    else:
+      runpy.run_module(module_name, run_name="__main__")
+  finally:
+    app.run = run
+  if "parser" not in given:
+    raise AssertionError(f"{module_name}: no app.run(..., flags_parser=...) when run")
+  return given["parser"]
 
 
 # The configs of the documented workdirs, for the commands that read their config from the
@@ -240,8 +258,7 @@ def check_commands(commands: list[tuple[str, list[str], str]]) -> list[str]:
   for module_name, runs in by_module.items():
     before = set(FLAGS)
     try:
-      module = importlib.import_module(module_name)
-      parse = flags_parser_of(module)
+      parse = command_parser(module_name)
     except Exception as e:  # noqa: BLE001 - reported as the documentation's error
       errors.append(f"{runs[0][1]}: python -m {module_name}: {type(e).__name__}: {e}")
       continue

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from configs import numbers
-from experiments import attention_weights, heads_report, measure, seq_len_report, step_cost, tasks
+from experiments import attention_weights, heads, measure, seq_len, step_cost, tasks
 from experiments import sweeps as sweep
 from tests.xla_flags import FAST_COMPILE
 from transformer.model_family import param_count
@@ -51,7 +51,7 @@ def test_heads_sweep_points():
   assert wmt.name == "heads-wmt" and wmt.config.dataset == "wmt14"
   assert [p.overrides["model.num_heads"] for p in wmt.points] == [1, 4, 8, 16, 32]
   assert {512 // p.overrides["model.num_heads"] for p in wmt.points} == set(
-    v[0] for v in heads_report.PAPER_ROW_A.values())
+    v[0] for v in heads.PAPER_ROW_A.values())
 
 
 def test_seq_len_sweep_points():
@@ -167,10 +167,10 @@ def test_heads_report_from_rows(tmp_path):
                  "eval/perplexity": 2.0 + h / 100 + seed / 10 if done else None,
                  "eval/bleu": 20.0 + seed if done else None, "test/bleu": 21.0 if done else None,
                  "params": 692224, "step_s": 0.1 * h if done else None, "wall_s": 60.0})
-  groups = heads_report.summarize_by_heads(rows, 128)
+  groups = heads.summarize_by_heads(rows, 128)
   assert [g["h"] for g in groups] == [1, 2, 4, 8, 16, 32]
   assert groups[0]["d_k"] == 128 and groups[-1]["d_k"] == 4 and groups[-1]["seeds"] == 2
-  paths = heads_report.report(s, rows, "python -m experiments.heads", str(tmp_path))
+  paths = heads.report(s, rows, "python -m experiments.heads", str(tmp_path))
   md = open(paths[0]).read()
   assert "| 1 | 128 | 3/3 | 2.110 ± 0.100 | 21.00 ± 1.00 |" in md
   assert "5.29" in md and "24.9" in md and "Vaswani" in md
@@ -216,14 +216,14 @@ def test_seq_len_cost_tiny(tiny_cost):
 def test_reports_from_records(tiny_cost, tmp_path):
   """seq_len.md and claims.md (tables, exponents, the Table 1 comparison) from tiny records."""
   from configs import long_range
-  from experiments import claims_report
+  from experiments import claims
 
   bins = [{"bin": "1-16", "lo": 1, "hi": 16, "sentences": 3, "bleu": 50.0},
           {"bin": ">16", "lo": 17, "hi": None, "sentences": 2, "bleu": 10.0}]
   quality = {"sweep": "s.py", "sweep_name": "s", "sentences": 5, "beam_size": 1,
              "models": [{"point": "max16", "max_len": 16, "step": 3, "train_kept": 7,
                          "train_total": 9, "eval": {"bleu_all": 30.0, "bins": bins}}]}
-  paths = seq_len_report.write_report(str(tmp_path), {"cost": "c1", "quality": "c2"}, tiny_cost,
+  paths = seq_len.write_report(str(tmp_path), {"cost": "c1", "quality": "c2"}, tiny_cost,
                                quality, 8)
   md = open(paths[0]).read()
   assert "c1" in md and "c2" in md and "| 16 |" in md and "not timed" in md
@@ -234,7 +234,7 @@ def test_reports_from_records(tiny_cost, tmp_path):
   lr = {"settings": long_range.get_config().to_dict(),
         "runs": [{"distribution": "uniform", "models": models}]}
   caches = [{"kind": k, "n": n, "bytes": 10 * n} for k in ("transformer", "lstm") for n in (8, 16)]
-  paths = claims_report.write_report(str(tmp_path), {"cost": "c3"}, tiny_cost, caches, lr, 8)
+  paths = claims.write_report(str(tmp_path), {"cost": "c3"}, tiny_cost, caches, lr, 8)
   md = open(paths[0]).read()
   assert "O(n^2 d)" in md and "accuracy 0.12 at d=400 (uniform)" in md and "| lstm |" in md
   assert all(os.path.getsize(p) > 0 for p in paths)
@@ -260,9 +260,9 @@ def test_fit_exponent_and_bins():
   assert measure.fit_exponent(ns, [5.0 * n for n in ns]) == pytest.approx(1.0)
   assert measure.fit_exponent([64], [1.0]) is None
   assert step_cost.predict_step_s([(64, 1.0), (128, 4.0)], 256) == pytest.approx(16.0)
-  bins = seq_len_report.length_bins([16, 24])
+  bins = seq_len.length_bins([16, 24])
   assert bins == [(1, 16), (17, 24), (25, None)]
-  by_bin = seq_len_report.bleu_by_bin([[5] * 3, [5] * 20, [5] * 30], ["a b c d", "x", "e f g h"],
+  by_bin = seq_len.bleu_by_bin([[5] * 3, [5] * 20, [5] * 30], ["a b c d", "x", "e f g h"],
                                ["a b c d", "y", "e f g h"], bins)
   assert [b["sentences"] for b in by_bin] == [1, 1, 1]
   assert by_bin[0]["bleu"] == pytest.approx(100.0) and by_bin[1]["bleu"] == pytest.approx(0.0)
@@ -374,7 +374,7 @@ def test_attention_weights_match_float64_numpy():
 @pytest.mark.parametrize("args, names", [
   (["experiments.claims", "--part=long_range", "--long_range.nope=3"], "--long_range.nope"),
   (["experiments.seq_len", "--config.model.nope=3"], "--config.model.nope"),
-  (["experiments.benchmark", "--config=configs/nope.py"], "configs/nope.py"),
+  (["benchmarks.train_step", "--config=configs/nope.py"], "configs/nope.py"),
   (["experiments.sweep", "--parallel=two"], "--parallel"),
   (["experiments.attention_maps", "--nope"], "nope"),
 ])

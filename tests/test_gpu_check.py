@@ -15,7 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.mark.slow
 def test_gpu_check_smoke(tmp_path):
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": FAST_COMPILE}
-  proc = subprocess.run([sys.executable, "-m", "experiments.gpu_check", "--smoke",
+  proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--smoke",
                          f"--out={tmp_path}", "--timeout_s=300"], cwd=ROOT, env=env,
                         capture_output=True, text=True, timeout=1200)
   assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]

@@ -191,9 +191,9 @@ def test_a_checkpoint_resumes_with_another_k():
 
 
 def test_memory_falls_with_k_and_the_experiment_reports_it(tmp_path):
-  """experiments/accum_memory.py on tiny models: XLA's temp bytes of the compiled step fall
+  """benchmarks/accum_memory.py on tiny models: XLA's temp bytes of the compiled step fall
   with k, and the report has both tables."""
-  from experiments import accum_memory_report as accum_memory
+  from benchmarks import accum_memory
 
   memory = accum_memory.memory_by_k(numbers_config.get_config("tiny"), 16, 32, [1, 4])
   assert memory[1]["micro_batch_rows"] == 4

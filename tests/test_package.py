@@ -37,7 +37,7 @@ def test_pip_install_then_import_from_another_directory(tmp_path):
 def project_imports():
   """{module: [(imported module, imported name or None)]} for the project's own modules."""
   modules = {}
-  for root in ("transformer", "experiments", "configs", "tests"):
+  for root in ("transformer", "experiments", "benchmarks", "configs", "tests"):
     for dirpath, _, files in os.walk(os.path.join(REPO, root)):
       for f in files:
         if f.endswith(".py"):
@@ -94,15 +94,27 @@ def test_the_library_has_no_import_cycle():
   assert not cycles, cycles
 
 
-def test_experiments_and_library_have_no_import_cycle():
-  graph = {m: {t for t, _ in e if t.startswith(("transformer", "experiments"))}
-           for m, e in project_imports().items() if m.startswith(("transformer", "experiments"))}
+def test_experiments_benchmarks_and_library_have_no_import_cycle():
+  packages = ("transformer", "experiments", "benchmarks")
+  graph = {m: {t for t, _ in e if t.startswith(packages)}
+           for m, e in project_imports().items() if m.startswith(packages)}
   cycles = _find_cycles(graph)
   assert not cycles, cycles
 
 
-# The one function that defines flags for its callers: the sweep CLIs call it at module level.
+def test_the_benchmarks_build_on_the_experiments_tools_and_not_the_other_way():
+  """benchmarks/ uses the measuring and reporting tools the experiments share (report,
+  measure, step_cost); the library imports neither package, the experiments no benchmark."""
+  wrong = sorted((m, t) for m, edges in project_imports().items() for t, _ in edges
+                 if (m.startswith("transformer") and t.startswith(("experiments", "benchmarks")))
+                 or (m.startswith("experiments") and t.startswith("benchmarks")))
+  assert not wrong, wrong
+
+
+# The one function that defines flags for its callers: the sweep commands call it when they run.
 FLAG_HELPERS = {"experiments.sweeps.define_flags"}
+# The program's entry point: its flags are module-level, and nothing imports it.
+ENTRY_POINT = "transformer.main"
 
 
 def _is_flag_definition(node):
@@ -113,36 +125,48 @@ def _is_flag_definition(node):
           or f"experiments.{owner}.{node.func.attr}" in FLAG_HELPERS)
 
 
+def _is_main_guard(stmt):
+  return (isinstance(stmt, ast.If) and isinstance(stmt.test, ast.Compare)
+          and ast.unparse(stmt.test) in ("__name__ == '__main__'", '__name__ == "__main__"'))
+
+
 def flag_definitions(module, path):
-  """(whether the module defines absl flags at its top level, so that importing it defines
-  them; the functions that define flags inside their bodies, as module.function)."""
+  """Where a module defines absl flags: (at import, when run as a command, in the bodies of
+  these functions as module.function)."""
   with open(path) as f:
     tree = ast.parse(f.read())
-  top, inside = False, []
+  at_import, when_run, inside = False, False, []
   for stmt in tree.body:
+    found = any(_is_flag_definition(n) for n in ast.walk(stmt))
     if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-      if any(_is_flag_definition(n) for n in ast.walk(stmt)):
-        inside.append(f"{module}.{stmt.name}")
-    elif any(_is_flag_definition(n) for n in ast.walk(stmt)):
-      top = True
-  return top, inside
+      inside += [f"{module}.{stmt.name}"] if found else []
+    elif _is_main_guard(stmt):
+      when_run = when_run or found
+    else:
+      at_import = at_import or found
+  return at_import, when_run, inside
 
 
-def test_one_flag_style():
-  """Flags are defined at module level, in command modules only, and no module or test imports
-  a command module (two of them in one process would clash, and importing one would define
-  flags as a side effect)."""
-  commands, inside = set(), []
+def module_path(module):
+  path = os.path.join(REPO, *module.split(".")) + ".py"
+  return path if os.path.exists(path) else os.path.join(REPO, *module.split("."), "__init__.py")
+
+
+def test_a_command_is_one_file_whose_flags_exist_only_when_it_runs():
+  """A command's flags and `main` are under `if __name__ == "__main__":` (t5x's train.py
+  style), so importing it defines no flag: tests and other modules import its functions, and
+  two commands never clash in one process. The entry point transformer/main.py is the one
+  module with flags at import, and nothing imports it."""
+  at_import, commands, inside = set(), set(), []
   for m in project_imports():
-    path = os.path.join(REPO, *m.split(".")) + ".py"
-    if not os.path.exists(path):
-      path = os.path.join(REPO, *m.split("."), "__init__.py")
-    top, functions = flag_definitions(m, path)
-    commands |= {m} if top else set()
+    top, when_run, functions = flag_definitions(m, module_path(m))
+    at_import |= {m} if top else set()
+    commands |= {m} if when_run else set()
     inside += functions
-  assert {"experiments.benchmark", "experiments.claims", "experiments.seq_len",
-          "experiments.heads", "experiments.sweep", "transformer.main"} <= commands
+  assert at_import == {ENTRY_POINT}, at_import
+  assert {"experiments.heads", "experiments.sweep", "experiments.seq_len", "experiments.claims",
+          "experiments.attention_maps", "benchmarks.train_step"} <= commands
   assert set(inside) == FLAG_HELPERS, inside
-  bad = sorted({(m, t) for m, edges in project_imports().items()
-                for t, _ in edges if t in commands and t != m})
-  assert not bad, bad
+  importers = sorted(m for m, edges in project_imports().items()
+                     if any(t == ENTRY_POINT for t, _ in edges) and m != ENTRY_POINT)
+  assert not importers, importers

@@ -1,4 +1,4 @@
-"""experiments.packing_benchmark end to end on the tiny numbers corpus: both layouts counted,
+"""benchmarks.packing end to end on the tiny numbers corpus: both layouts counted,
 timed in turns and reported (no speed asserted); a config bad for either layout refused."""
 
 import json
@@ -10,7 +10,7 @@ from tests.test_train import FAST_COMPILE, REPO
 
 
 def run_benchmark(tmp_path, *args):
-  cmd = [sys.executable, "-m", "experiments.packing_benchmark", "--config=configs/numbers.py:tiny",
+  cmd = [sys.executable, "-m", "benchmarks.packing", "--config=configs/numbers.py:tiny",
          f"--workdir={tmp_path / 'w'}", f"--out={tmp_path / 'packing'}", *args]
   return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900,
                         env=dict(os.environ, XLA_FLAGS=FAST_COMPILE))

@@ -1,4 +1,4 @@
-"""experiments.pipeline_benchmark end to end on the tiny numbers corpus (no timing asserted)."""
+"""benchmarks.pipeline end to end on the tiny numbers corpus (no timing asserted)."""
 
 import json
 import os
@@ -15,7 +15,7 @@ STAGES = ["open", "vocabulary", "token cache", "batch plan", "first step", "batc
 @pytest.mark.slow
 def test_first_start_and_restart_are_reported_stage_by_stage(tmp_path):
   out = tmp_path / "pipeline"
-  cmd = [sys.executable, "-m", "experiments.pipeline_benchmark",
+  cmd = [sys.executable, "-m", "benchmarks.pipeline",
          "--config=configs/numbers.py:tiny", "--config.data.packing=true",  # every corpus's default
          f"--workdir={tmp_path / 'w'}", f"--out={out}", "--batches=20"]
   proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900,
@@ -44,10 +44,10 @@ def test_first_start_and_restart_are_reported_stage_by_stage(tmp_path):
 
 def test_scaling_report_fits_the_sizes_and_checks_the_promises(tmp_path):
   # The committed English-French records at two corpus sizes, as the report's inputs.
-  runs = [os.path.join(REPO, "experiments", "results", f"pipeline_fr_{s}.json")
+  runs = [os.path.join(REPO, "benchmarks", "results", f"pipeline_fr_{s}.json")
           for s in ("4m5", "18m")]
   out = tmp_path / "scaling"
-  cmd = [sys.executable, "-m", "experiments.pipeline_scaling", f"--runs={','.join(runs)}",
+  cmd = [sys.executable, "-m", "benchmarks.pipeline_scaling", f"--runs={','.join(runs)}",
          f"--out={out}", "--extrapolate=36000000"]
   proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]

@@ -1,4 +1,4 @@
-"""experiments.real_tokens: the message-catalogue corpus, the runs' plans and figures, one line for
+"""benchmarks.real_tokens: the message-catalogue corpus, the runs' plans and figures, one line for
 a missing catalogue directory, and the command end to end (no speed asserted)."""
 
 import datetime
@@ -11,9 +11,9 @@ import sys
 
 import pytest
 
+from benchmarks import real_tokens as rt
 from configs import numbers as numbers_config
 from configs import text as text_config
-from experiments import real_tokens_report as rt
 from tests.test_train import FAST_COMPILE, REPO
 from transformer.errors import ConfigError
 
@@ -147,7 +147,7 @@ def test_a_runs_figures_come_from_its_metrics_and_log_times():
 
 
 def run_command(tmp_path, *args, timeout=900):
-  cmd = [sys.executable, "-m", "experiments.real_tokens", f"--workdir={tmp_path / 'w'}",
+  cmd = [sys.executable, "-m", "benchmarks.real_tokens", f"--workdir={tmp_path / 'w'}",
          f"--out={tmp_path / 'report'}", *args]
   return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout,
                         env=dict(os.environ, XLA_FLAGS=FAST_COMPILE))

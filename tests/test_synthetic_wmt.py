@@ -1,4 +1,5 @@
-"""Tests of the synthetic WMT14 stand-in: TFDS layout, sizes, determinism, length statistics."""
+"""benchmarks/synthetic_wmt.py, the synthetic WMT14 stand-in: TFDS layout, sizes, determinism,
+length statistics."""
 
 import itertools
 import os
@@ -6,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from transformer.data import synthetic_wmt as sw
+from benchmarks import synthetic_wmt as sw
 
 SIZES = {"train": 2000, "validation": 100, "test": 100}
 

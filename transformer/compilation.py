@@ -127,7 +127,7 @@ def compile_threads(programs: int) -> int:
 
   XLA compiles a program with threads of its own, so on a small host several compiles at once
   only compete for the same cores (on 2 cores, 4 threads were no faster than one:
-  `experiments.pipeline_benchmark --compile_threads`); a many-core host compiles in parallel.
+  `benchmarks.pipeline --compile_threads`); a many-core host compiles in parallel.
   """
   return max(1, min(programs, (os.cpu_count() or 1) // 4))
 

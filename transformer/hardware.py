@@ -48,12 +48,14 @@ def peak_of(device_kind: str) -> float | None:
 def model_flops_per_step(params: int, source_tokens: float, target_tokens: float) -> float:
   """Model FLOPs of a training step: 6 x parameters x tokens (Kaplan et al. 2020, sec. 2.1).
 
+  The project's one FLOP count: the training loop's MFU, the step benchmarks and the GPU
+  check all use it (the PyTorch peer, which imports nothing from the project, keeps a copy).
   Each parameter costs 2 FLOPs per token forward and 4 backward. In an encoder-decoder a
   token goes through about half of the parameters: a source token through the encoder, a
   target token through the decoder and the output layer. So tokens = (source + target) / 2,
-  which is exact (bar attention and normalisation) when both sides are equally long, and
-  within 3% of `experiments.measure.model_flops_per_step` (every product counted, attention
-  included) for the base model on 64-token rows (tests/test_hardware.py).
+  which is exact (bar attention and normalisation) when both sides are equally long; the
+  attention products (Q K^T, weights x V) are not counted, within 3% for the base model on
+  64-token rows (tests/test_hardware.py).
 
   Args:
     params: the model's parameters (`model_family.param_count`).

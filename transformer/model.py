@@ -98,10 +98,6 @@ class ModelConfig:
     return jnp.dtype(self.dtype)
 
 
-# The name used before the LSTM baseline shared this config; kept for existing code.
-TransformerConfig = ModelConfig
-
-
 def _init(names: tuple[str | None, ...], init: Callable | None = None):
   """An initializer (Glorot uniform by default) that names the parameter's logical axes."""
   return nn.with_logical_partitioning(init or nn.initializers.xavier_uniform(), names)

@@ -1,7 +1,7 @@
 """The data path at full size: a first start and a restart, stage by stage, time and memory.
 
-    python -m experiments.synthetic_wmt --data_dir=/tmp/synth_wmt        # once: 4.5M pairs
-    python -m experiments.pipeline_benchmark --config=configs/wmt.py \\
+    python -m benchmarks.synthetic_wmt --data_dir=/tmp/synth_wmt        # once: 4.5M pairs
+    python -m benchmarks.pipeline --config=configs/wmt.py \\
         --config.data_dir=/tmp/synth_wmt --workdir=/tmp/pipeline_bench
 
 Runs the start-up of `train_and_evaluate` twice, each in a fresh process: a first start on an
@@ -39,24 +39,9 @@ import tempfile
 import time
 from typing import Any
 
-from absl import app, flags
-from ml_collections import config_flags
-
 from experiments import measure, report
 from transformer import hardware
 from transformer.errors import fail, flags_parser
-
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/wmt.py.",
-                                          lock_config=False)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Workdir of the benchmark (emptied first).")
-_TINY = flags.DEFINE_bool("tiny_model", True, "Replace the model by 1 + 1 layers of width 32.")
-_BATCHES = flags.DEFINE_integer("batches", 1000, "Batches timed for the host's batch rate.")
-_OUT = flags.DEFINE_string("out", os.path.join("experiments", "results", "pipeline"),
-                           "Report path without extension (.md and .json).")
-_CHILD = flags.DEFINE_bool("child", False, "Internal: run one start, print its JSON line.")
-_COMPILE_THREADS = flags.DEFINE_integer(
-  "compile_threads", 0, "Threads that compile the batch shapes' programs; 0: as training does "
-  "(transformer.compilation.compile_threads).")
 
 # Peak dense bfloat16 throughput (transformer/hardware.py), for the rate an accelerator
 # consumes: Colab's TPU v2-8 (4 chips, 8 cores) and an H100 SXM. MFU 0.4 is a typical
@@ -69,8 +54,9 @@ DATA_STAGES = ("open", "vocabulary", "token cache", "batch plan")
 WARM = "restart, warm compilation cache"
 
 
-def one_start(config: Any, workdir: str, batches: int) -> dict[str, Any]:
-  """The start-up stages of a training run in this process; times, peaks and rates."""
+def one_start(config: Any, workdir: str, batches: int, compile_threads: int = 0) -> dict[str, Any]:
+  """The start-up stages of a training run in this process; times, peaks and rates.
+  `compile_threads`: threads compiling the batch shapes' programs (0: as training does)."""
   import jax
   import numpy as np
 
@@ -119,7 +105,7 @@ def one_start(config: Any, workdir: str, batches: int) -> dict[str, Any]:
   t_compile = time.time()
   with compilation.CompileCounter() as compiles:
     compiled = trainer.precompile(train.shapes(), eval_shapes(evals["validation"] + evals["test"]),
-                                  _COMPILE_THREADS.value or None)
+                                  compile_threads or None)
   compile_seconds = time.time() - t_compile
   batch = sharding_lib.local_batch_to_global(train.batch(0), mesh)
   state, metrics = trainer.train_step(state, batch, jax.random.key(0))
@@ -154,7 +140,7 @@ def one_start(config: Any, workdir: str, batches: int) -> dict[str, Any]:
     # Within the first step: the ahead-of-time compile, its programs and cache loads.
     "compile_seconds": compile_seconds, "programs_compiled": compiles.compiles,
     "programs_from_cache": compiles.cache_hits,
-    "compile_threads": _COMPILE_THREADS.value or compilation.compile_threads(compiles.compiles),
+    "compile_threads": compile_threads or compilation.compile_threads(compiles.compiles),
     "batches_per_second": rate, "mean_batch_positions": positions / batches,
     "real_token_fraction": train.real_token_fraction(),
     "train_examples": len(split), "kept_examples": train.num_examples,
@@ -174,7 +160,7 @@ def accelerator_batches_per_second(config: Any) -> dict[str, float]:
 
 def _run_start(label: str, argv: list[str], timeout: float) -> dict[str, Any]:
   """One start in a fresh process (`--child`), which prints its result as a JSON line."""
-  cmd = [sys.executable, "-m", "experiments.pipeline_benchmark", *argv, "--child"]
+  cmd = [sys.executable, "-m", "benchmarks.pipeline", *argv, "--child"]
   try:
     result = measure.run_json(cmd, timeout)
   except RuntimeError as e:
@@ -183,8 +169,8 @@ def _run_start(label: str, argv: list[str], timeout: float) -> dict[str, Any]:
   return result
 
 
-def write_report(config: Any, runs: dict[str, dict[str, Any]], warm: dict[str, Any],
-                 need: dict[str, float], command: str) -> None:
+def write_report(out: str, config: Any, tiny: bool, runs: dict[str, dict[str, Any]],
+                 warm: dict[str, Any], need: dict[str, float], command: str) -> None:
   """The report: `runs` are the first start and the restart, `warm` the restart with the first
   start's compilation cache."""
   gib = 2.0**30
@@ -198,13 +184,13 @@ def write_report(config: Any, runs: dict[str, dict[str, Any]], warm: dict[str, A
     rows.append([label, "whole process (with imports)", f"{run['process_seconds']:.1f}", ""])
   restart = runs["restart"]
   report.write_markdown(
-    _OUT.value + ".md", "The data path at full size: first start and restart",
-    f"Made by `experiments/pipeline_benchmark.py` (method in its docstring). Dataset "
+    out + ".md", "The data path at full size: first start and restart",
+    f"Made by `benchmarks/pipeline.py` (method in its docstring). Dataset "
     f"`{config.dataset}` ({restart['train_examples']:,} training pairs, "
     f"{restart['kept_examples']:,} within the length limits), vocabulary "
     f"{config.data.vocab_size}, {config.data.tokens_per_batch} tokens per batch and side, "
     f"buckets {config.data.bucket_lengths}; model "
-    f"{'tiny (1 + 1 layers, d_model 32)' if _TINY.value else 'as configured'}.", command, [
+    f"{'tiny (1 + 1 layers, d_model 32)' if tiny else 'as configured'}.", command, [
       "## Results\n", report.markdown_table(["start", "stage", "seconds", "peak RSS (GiB)"], rows),
       f"- Peak RSS of the data path is the largest of the stages open ... batch plan. The first "
       f"step adds the step's own buffers: XLA accounts {restart['step_xla_bytes'] / gib:.2f} "
@@ -239,40 +225,56 @@ def write_report(config: Any, runs: dict[str, dict[str, Any]], warm: dict[str, A
       f"{warm['compile_seconds'] / max(restart['compile_seconds'], 1e-9):.2f}x. Both are "
       "part of the first step's stage, with the sharded init (whose program is cached too) and "
       "one step.\n"])
-  report.write_json(_OUT.value + ".json", {"command": command, "hardware": report.hardware(),
+  report.write_json(out + ".json", {"command": command, "hardware": report.hardware(),
                                            "runs": runs, "warm_compilation_cache": warm,
                                            "need": need})
 
 
-def main(argv: list[str]) -> None:
-  del argv
-  config = _CONFIG.value
-  if config is None or _WORKDIR.value is None:
-    fail("--config and --workdir are required, e.g. --config=configs/wmt.py "
-         "--config.data_dir=/tmp/synth_wmt --workdir=/tmp/pipeline_bench")
-  if _CHILD.value:
-    if _TINY.value:
-      config.model.update(num_layers=1, d_model=32, d_ff=64, num_heads=4)
-    print(json.dumps(one_start(config, _WORKDIR.value, _BATCHES.value)), flush=True)
-    return
-  shutil.rmtree(_WORKDIR.value, ignore_errors=True)
-  # The first start fills `warm`; the restart compiles into an empty directory.
-  caches = tempfile.mkdtemp(prefix="pipeline-benchmark-jax-cache-")
-  warm, empty = os.path.join(caches, "warm"), os.path.join(caches, "empty")
-  runs = {}
-  try:
-    for label, cache in (("first start", warm), ("restart", empty), (WARM, warm)):
-      argv = [*sys.argv[1:], f"--config.compilation_cache_dir={cache}"]
-      runs[label] = _run_start(label, argv, timeout=6 * 3600)
-      print(f"{label}: {runs[label]['to_first_step_seconds']:.1f} s to the first step "
-            f"(compile {runs[label]['compile_seconds']:.1f} s)", flush=True)
-  finally:
-    shutil.rmtree(caches, ignore_errors=True)
-  warm_restart = runs.pop(WARM)
-  need = accelerator_batches_per_second(config)
-  write_report(config, runs, warm_restart, need, report.command_line())
-  print(f"wrote {_OUT.value}.md", flush=True)
-
-
 if __name__ == "__main__":
+  from absl import app, flags
+  from ml_collections import config_flags
+
+  _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/wmt.py.",
+                                            lock_config=False)
+  _WORKDIR = flags.DEFINE_string("workdir", None, "Workdir of the benchmark (emptied first).")
+  _TINY = flags.DEFINE_bool("tiny_model", True, "Replace the model by 1 + 1 layers of width 32.")
+  _BATCHES = flags.DEFINE_integer("batches", 1000, "Batches timed for the host's batch rate.")
+  _OUT = flags.DEFINE_string("out", os.path.join("benchmarks", "results", "pipeline"),
+                             "Report path without extension (.md and .json).")
+  _CHILD = flags.DEFINE_bool("child", False, "Internal: run one start, print its JSON line.")
+  _COMPILE_THREADS = flags.DEFINE_integer(
+    "compile_threads", 0, "Threads that compile the batch shapes' programs; 0: as training does "
+    "(transformer.compilation.compile_threads).")
+
+  def main(argv: list[str]) -> None:
+    del argv
+    config = _CONFIG.value
+    if config is None or _WORKDIR.value is None:
+      fail("--config and --workdir are required, e.g. --config=configs/wmt.py "
+           "--config.data_dir=/tmp/synth_wmt --workdir=/tmp/pipeline_bench")
+    if _CHILD.value:
+      if _TINY.value:
+        config.model.update(num_layers=1, d_model=32, d_ff=64, num_heads=4)
+      print(json.dumps(one_start(config, _WORKDIR.value, _BATCHES.value,
+                                  _COMPILE_THREADS.value)), flush=True)
+      return
+    shutil.rmtree(_WORKDIR.value, ignore_errors=True)
+    # The first start fills `warm`; the restart compiles into an empty directory.
+    caches = tempfile.mkdtemp(prefix="pipeline-benchmark-jax-cache-")
+    warm, empty = os.path.join(caches, "warm"), os.path.join(caches, "empty")
+    runs = {}
+    try:
+      for label, cache in (("first start", warm), ("restart", empty), (WARM, warm)):
+        argv = [*sys.argv[1:], f"--config.compilation_cache_dir={cache}"]
+        runs[label] = _run_start(label, argv, timeout=6 * 3600)
+        print(f"{label}: {runs[label]['to_first_step_seconds']:.1f} s to the first step "
+              f"(compile {runs[label]['compile_seconds']:.1f} s)", flush=True)
+    finally:
+      shutil.rmtree(caches, ignore_errors=True)
+    warm_restart = runs.pop(WARM)
+    need = accelerator_batches_per_second(config)
+    write_report(_OUT.value, config, _TINY.value, runs, warm_restart, need,
+                 report.command_line())
+    print(f"wrote {_OUT.value}.md", flush=True)
+
   app.run(main, flags_parser=flags_parser())

@@ -1,7 +1,7 @@
 """Bucketed against packed training batches: real-token fraction and real tokens per second.
 
-    python -m experiments.packing_benchmark --config=configs/numbers.py --workdir=/tmp/pack_num
-    python -m experiments.packing_benchmark --config=configs/wmt.py \\
+    python -m benchmarks.packing --config=configs/numbers.py --workdir=/tmp/pack_num
+    python -m benchmarks.packing --config=configs/wmt.py \\
         --config.data_dir=/tmp/synth_wmt --workdir=/tmp/pack_wmt \\
         --config.model.num_layers=1 --config.model.d_model=64 --config.model.d_ff=256 \\
         --config.model.num_heads=4 --timed_steps=24 --timed_tokens_per_batch=4096
@@ -31,23 +31,8 @@ import os
 import time
 from typing import Any
 
-from absl import app, flags
-from ml_collections import config_flags
-
 from experiments import measure, report
 from transformer.errors import UserError, fail, flags_parser
-
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/numbers.py.",
-                                          lock_config=False)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Workdir holding (or given) the vocabulary and "
-                               "the token cache.")
-_BATCHES = flags.DEFINE_integer("batches", 3000, "Training batches counted for the fraction.")
-_TIMED = flags.DEFINE_integer("timed_steps", 20, "Training steps timed per layout (0: none).")
-_TIMED_TOKENS = flags.DEFINE_integer(
-  "timed_tokens_per_batch", 0, "data.tokens_per_batch of the timed steps only (0: the "
-  "config's); smaller batches keep the step's memory in bounds on a CPU.")
-_OUT = flags.DEFINE_string("out", None, "Report path without extension; default "
-                           "experiments/results/packing_<config name>.")
 
 LAYOUTS = ("bucketed", "packed")
 
@@ -219,7 +204,7 @@ def write_report(path: str, config: Any, result: dict[str, Any], command: str,
       f"bucketed = **{p['real_tokens_per_second'] / b['real_tokens_per_second']:.2f}x**.\n")
   report.write_markdown(
     path + ".md", "Packed against bucketed training batches",
-    f"Made by `experiments/packing_benchmark.py` (method in its docstring). Dataset "
+    f"Made by `benchmarks/packing.py` (method in its docstring). Dataset "
     f"`{config.dataset}`, {config.data.tokens_per_batch} tokens per batch and side, buckets "
     f"{config.data.bucket_lengths}; packed rows of {config.data.packed_source_len} "
     f"source and {config.data.packed_target_len} target positions. Model for the step: "
@@ -230,21 +215,35 @@ def write_report(path: str, config: Any, result: dict[str, Any], command: str,
                                      "result": result})
 
 
-def main(argv: list[str]) -> None:
-  del argv
-  config = _CONFIG.value
-  if config is None or _WORKDIR.value is None:
-    fail("--config and --workdir are required, e.g. --config=configs/numbers.py "
-         "--workdir=/tmp/pack_num")
-  out = _OUT.value or os.path.join("experiments", "results", f"packing_{config.name}")
-  try:
-    result = compare_layouts(config, _WORKDIR.value, _BATCHES.value, _TIMED.value,
-                             _TIMED_TOKENS.value)
-  except UserError as e:
-    fail(str(e))
-  write_report(out, config, result, report.command_line(), _BATCHES.value)
-  print(f"wrote {out}.md", flush=True)
-
-
 if __name__ == "__main__":
+  from absl import app, flags
+  from ml_collections import config_flags
+
+  _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/numbers.py.",
+                                            lock_config=False)
+  _WORKDIR = flags.DEFINE_string("workdir", None, "Workdir holding (or given) the vocabulary and "
+                                 "the token cache.")
+  _BATCHES = flags.DEFINE_integer("batches", 3000, "Training batches counted for the fraction.")
+  _TIMED = flags.DEFINE_integer("timed_steps", 20, "Training steps timed per layout (0: none).")
+  _TIMED_TOKENS = flags.DEFINE_integer(
+    "timed_tokens_per_batch", 0, "data.tokens_per_batch of the timed steps only (0: the "
+    "config's); smaller batches keep the step's memory in bounds on a CPU.")
+  _OUT = flags.DEFINE_string("out", None, "Report path without extension; default "
+                             "benchmarks/results/packing_<config name>.")
+
+  def main(argv: list[str]) -> None:
+    del argv
+    config = _CONFIG.value
+    if config is None or _WORKDIR.value is None:
+      fail("--config and --workdir are required, e.g. --config=configs/numbers.py "
+           "--workdir=/tmp/pack_num")
+    out = _OUT.value or os.path.join("benchmarks", "results", f"packing_{config.name}")
+    try:
+      result = compare_layouts(config, _WORKDIR.value, _BATCHES.value, _TIMED.value,
+                               _TIMED_TOKENS.value)
+    except UserError as e:
+      fail(str(e))
+    write_report(out, config, result, report.command_line(), _BATCHES.value)
+    print(f"wrote {out}.md", flush=True)
+
   app.run(main, flags_parser=flags_parser())

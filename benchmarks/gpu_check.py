@@ -1,9 +1,9 @@
 """One prepared check of a GPU machine: training step and beam search, written to gpu.md.
 
-    python -m experiments.gpu_check                     # one NVIDIA GPU, under 10 minutes
-    python -m experiments.gpu_check --smoke --out=/tmp/gpu   # any machine: tiny shapes
+    python -m benchmarks.gpu_check                     # one NVIDIA GPU, under 10 minutes
+    python -m benchmarks.gpu_check --smoke --out=/tmp/gpu   # any machine: tiny shapes
 
-Each measurement runs `python -m experiments.benchmark` (or `experiments.decode_benchmark`)
+Each measurement runs `python -m benchmarks.train_step` (or `benchmarks.decode`)
 in a child process with a time limit, so that one that fails or runs out of memory leaves the
 others' results:
 
@@ -26,14 +26,8 @@ import os
 import sys
 from typing import Any
 
-from absl import app, flags
-
 from transformer.errors import fail, flags_parser
 from transformer.hardware import peak_of
-
-_SMOKE = flags.DEFINE_bool("smoke", False, "Tiny shapes on any machine: the path, not the speed.")
-_OUT = flags.DEFINE_string("out", os.path.join("experiments", "results"), "Directory of gpu.md.")
-_TIMEOUT = flags.DEFINE_integer("timeout_s", 110, "Time limit of each measurement (seconds).")
 
 FULL = {"config": ["--config=configs/wmt.py:base", "--config.model.dtype=bfloat16",
                    "--config.mesh.data=1"],
@@ -63,36 +57,36 @@ def run_json(module: str, args: list[str], timeout: float) -> dict[str, Any]:
     return {"error": str(e)}
 
 
-def main(argv: list[str]) -> None:
-  if len(argv) > 1:
-    fail(f"unexpected arguments {' '.join(argv[1:])!r}")
+def check(shapes: dict[str, list[str]], out: str, timeout: float) -> str:
+  """Every measurement of `shapes` (FULL or SMOKE) in its child process; writes gpu.md and
+  gpu.json into `out` and returns the markdown's path."""
   from experiments import report
 
-  shapes = SMOKE if _SMOKE.value else FULL
   command = report.command_line()
   train = []
   for attention in ("xla", "cudnn"):
     for rows in ("bucketed", "packed"):
       args = [*shapes["config"], f"--config.model.attention={attention}", *shapes[rows],
               *shapes["steps"]]
-      r = run_json("experiments.benchmark", args, _TIMEOUT.value)
+      r = run_json("benchmarks.train_step", args, timeout)
       train.append({"attention": attention, "rows": rows, **r})
       done = r.get("error") or f"{r['tokens_per_s']:.0f} tokens/s"
       print(f"[gpu_check] train {attention} {rows}: {done}", flush=True)
-  decode = run_json("experiments.decode_benchmark",
-                    [*shapes["config"], *shapes["decode"], "--report="],
-                    _TIMEOUT.value)
+  decode = run_json("benchmarks.decode",
+                    [*shapes["config"], *shapes["decode"], "--report="], timeout)
   print(f"[gpu_check] decode: {decode.get('error') or 'done'}", flush=True)
-  path = write_report(os.path.join(_OUT.value, "gpu.md"), command, train, decode)
+  path = write_report(os.path.join(out, "gpu.md"), command, train, decode)
   report.write_json(os.path.splitext(path)[0] + ".json",
                     {"command": command, "train": train, "decode": decode})
   print(f"wrote {path}", flush=True)
+  return path
 
 
 def write_report(path: str, command: str, train: list[dict[str, Any]],
                  decode: dict[str, Any]) -> str:
   """gpu.md; called after the children ran (this process touches the GPU only now)."""
-  from experiments import decoding, report
+  from benchmarks import decode as decode_benchmark
+  from experiments import report
 
   kind = next((r["device_kind"] for r in train if "device_kind" in r), "unknown device")
   peak = peak_of(kind)
@@ -121,15 +115,26 @@ def write_report(path: str, command: str, train: list[dict[str, Any]],
   else:
     body += [f"Batch {decode['batch_sizes'][0]}, {decode['src_len']} source tokens, exactly "
              f"{decode['out_len']} output tokens, {decode['dtype']}, random weights "
-             f"(`experiments.decode_benchmark`, best of {decode['repeats']}).\n",
-             decoding.results_table(decode)]
+             f"(`benchmarks.decode`, best of {decode['repeats']}).\n",
+             decode_benchmark.results_table(decode)]
   return report.write_markdown(
     path, f"GPU check: {kind}",
-    "Made by `experiments/gpu_check.py` (method in its docstring). Peak: "
+    "Made by `benchmarks/gpu_check.py` (method in its docstring). Peak: "
     f"{'unknown for this device' if peak is None else f'{peak / 1e12:.0f} TFLOP/s dense bf16'}"
     ".", command, body)
 
 
 if __name__ == "__main__":
+  from absl import app, flags
+
+  _SMOKE = flags.DEFINE_bool("smoke", False, "Tiny shapes on any machine: the path, not the speed.")
+  _OUT = flags.DEFINE_string("out", os.path.join("benchmarks", "results"), "Directory of gpu.md.")
+  _TIMEOUT = flags.DEFINE_integer("timeout_s", 110, "Time limit of each measurement (seconds).")
+
+  def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+      fail(f"unexpected arguments {' '.join(argv[1:])!r}")
+    check(SMOKE if _SMOKE.value else FULL, _OUT.value, _TIMEOUT.value)
+
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   app.run(main, flags_parser=flags_parser())

@@ -1,15 +1,15 @@
-"""The data path against the corpus size: pipeline_benchmark's records at several sizes, one table.
+"""The data path against the corpus size: benchmarks.pipeline's records at several sizes, one table.
 
-    python -m experiments.synthetic_wmt --pair=fr-en --train_size=4508785 \
+    python -m benchmarks.synthetic_wmt --pair=fr-en --train_size=4508785 \
         --data_dir=/tmp/synth_fr_4m5                                # and 18000000 pairs
-    python -m experiments.pipeline_benchmark --config=configs/wmt.py:fr_base \\
+    python -m benchmarks.pipeline --config=configs/wmt.py:fr_base \\
         --config.data_dir=/tmp/synth_fr_4m5 --workdir=/tmp/pb_fr_4m5 \\
-        --out=experiments/results/pipeline_fr_4m5                   # and the same for 18m
-    python -m experiments.pipeline_scaling \\
-        --runs=experiments/results/pipeline_fr_4m5.json,experiments/results/pipeline_fr_18m.json \\
-        --out=experiments/results/pipeline_fr
+        --out=benchmarks/results/pipeline_fr_4m5                   # and the same for 18m
+    python -m benchmarks.pipeline_scaling \\
+        --runs=benchmarks/results/pipeline_fr_4m5.json,benchmarks/results/pipeline_fr_18m.json \\
+        --out=benchmarks/results/pipeline_fr
 
-Reads the JSON records that `experiments/pipeline_benchmark.py` wrote (one per corpus size: a
+Reads the JSON records that `benchmarks/pipeline.py` wrote (one per corpus size: a
 first start on an empty workdir, then a restart) and writes one report: per corpus size, the
 first start and the restart to the first step, the vocabulary's time, the token cache's build
 time and size on disk, and the peak host RSS of every stage; then a linear fit in the number of
@@ -25,30 +25,16 @@ import os
 from typing import Any
 
 import numpy as np
-from absl import app, flags
 
 from experiments import report
 from transformer.errors import fail, flags_parser
 
-_RUNS = flags.DEFINE_list(
-  "runs",
-  [os.path.join("experiments", "results", f"pipeline_fr_{s}.json") for s in ("4m5", "18m")],
-  "JSON records of experiments.pipeline_benchmark, one per corpus size.",
-)
-_OUT = flags.DEFINE_string("out", os.path.join("experiments", "results", "pipeline_fr"),
-                           "Report path without extension (.md and .json).")
-_EXTRAPOLATE = flags.DEFINE_list("extrapolate", ["36000000", "40836876"],
-                                 "Corpus sizes (pairs) to extrapolate the linear fits to.")
-_RESTART_LIMIT = flags.DEFINE_float("restart_limit", 60.0,
-                                    "Promise: seconds from a restart to the first step.")
-_RSS_LIMIT = flags.DEFINE_float("rss_limit_gib", 4.0,
-                                "Promise: peak host RSS (GiB) of every data-path stage.")
 # A measured quantity "does not grow" when the largest corpus's value is within this factor of
 # the smallest corpus's (timing noise on a shared machine; RSS of the allocator's arenas).
 GROWTH_TOLERANCE = 1.5
 GIB = 2.0**30
-FIRST_STEP = "first step"  # pipeline_benchmark's stage after the data path
-# The starts of a record (pipeline_benchmark's runs and its warm-cache restart).
+FIRST_STEP = "first step"  # benchmarks.pipeline's stage after the data path
+# The starts of a record (benchmarks.pipeline's runs and its warm-cache restart).
 FIRST, COLD, WARM = "first start", "restart", "warm restart"
 
 
@@ -59,7 +45,7 @@ def data_stages(run: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def summary(record: dict[str, Any]) -> dict[str, Any]:
-  """The numbers of one pipeline_benchmark record that the scaling report compares."""
+  """The numbers of one benchmarks.pipeline record that the scaling report compares."""
   runs = {FIRST: record["runs"]["first start"], COLD: record["runs"]["restart"]}
   if record.get("warm_compilation_cache"):
     runs[WARM] = record["warm_compilation_cache"]
@@ -129,7 +115,9 @@ def stage_table(rows: list[dict[str, Any]], sizes: list[str], cell: Any) -> str:
   return report.markdown_table(header, body)
 
 
-def write_report(rows: list[dict[str, Any]], extrapolate: list[int], command: str) -> None:
+def write_report(out: str, rows: list[dict[str, Any]], extrapolate: list[int], command: str,
+                 restart_limit: float = 60.0, rss_limit: float = 4.0) -> None:
+  """`out`.md and .json from the summaries of the records (`summary`), by corpus size."""
   sizes = [f"{r['pairs'] / 1e6:.1f}M" for r in rows]
   labels = list(rows[-1]["starts"])
   main_rows = [[
@@ -161,15 +149,15 @@ def write_report(rows: list[dict[str, Any]], extrapolate: list[int], command: st
   how = ("the line through the two measured sizes" if len(rows) == 2
          else f"a least-squares line through the {len(rows)} measured sizes")
 
-  checks = check_promises(rows, _RESTART_LIMIT.value, _RSS_LIMIT.value)
+  checks = check_promises(rows, restart_limit, rss_limit)
   check_lines = [f"- {'holds' if ok else '**violated**'}: {what} ({why})."
                  for what, ok, why in checks]
   last = rows[-1]
   report.write_markdown(
-    _OUT.value + ".md", "The data path against the corpus size: WMT14 English-French",
-    "Made by `experiments/pipeline_scaling.py` from the records of "
-    "`experiments/pipeline_benchmark.py` (method in their docstrings), one per corpus size: "
-    "the synthetic `wmt14_translate/fr-en` of `experiments/synthetic_wmt.py --pair=fr-en` "
+    out + ".md", "The data path against the corpus size: WMT14 English-French",
+    "Made by `benchmarks/pipeline_scaling.py` from the records of "
+    "`benchmarks/pipeline.py` (method in their docstrings), one per corpus size: "
+    "the synthetic `wmt14_translate/fr-en` of `benchmarks/synthetic_wmt.py --pair=fr-en` "
     "(the real TFDS builder and layout, nonsense text with WMT-like lengths) at "
     f"{', '.join(f'{n:,}' for n in pairs)} training pairs. Each benchmark runs, each in a "
     f"fresh process: a {FIRST} on an empty workdir, a {COLD} (vocabulary and token cache "
@@ -202,30 +190,46 @@ def write_report(rows: list[dict[str, Any]], extrapolate: list[int], command: st
                              *[f"at {n / 1e6:.1f}M pairs" for n in extrapolate]], fit_rows),
     ],
   )
-  report.write_json(_OUT.value + ".json", {
+  report.write_json(out + ".json", {
     "command": command, "hardware": report.hardware(), "sizes": rows, "fits": fit_records,
     "promises": [{"promise": w, "holds": ok, "evidence": why} for w, ok, why in checks],
   })
 
 
-def main(argv: list[str]) -> None:
-  del argv
-  records = []
-  for path in _RUNS.value:
-    record = report.read_json(path)
-    if not record:
-      fail(f"--runs: no pipeline_benchmark record at {path}")
-    records.append(summary(record))
-  try:
-    extrapolate = [int(float(n)) for n in _EXTRAPOLATE.value]
-  except ValueError:
-    fail(f"--extrapolate={','.join(_EXTRAPOLATE.value)}: expected numbers of pairs")
-  rows = sorted(records, key=lambda r: r["pairs"])
-  if len({r["pairs"] for r in rows}) < 2:
-    fail("--runs: need records at two or more corpus sizes for a fit")
-  write_report(rows, extrapolate, report.command_line())
-  print(f"wrote {_OUT.value}.md", flush=True)
-
-
 if __name__ == "__main__":
+  from absl import app, flags
+
+  _RUNS = flags.DEFINE_list(
+    "runs",
+    [os.path.join("benchmarks", "results", f"pipeline_fr_{s}.json") for s in ("4m5", "18m")],
+    "JSON records of benchmarks.pipeline, one per corpus size.",
+  )
+  _OUT = flags.DEFINE_string("out", os.path.join("benchmarks", "results", "pipeline_fr"),
+                             "Report path without extension (.md and .json).")
+  _EXTRAPOLATE = flags.DEFINE_list("extrapolate", ["36000000", "40836876"],
+                                   "Corpus sizes (pairs) to extrapolate the linear fits to.")
+  _RESTART_LIMIT = flags.DEFINE_float("restart_limit", 60.0,
+                                      "Promise: seconds from a restart to the first step.")
+  _RSS_LIMIT = flags.DEFINE_float("rss_limit_gib", 4.0,
+                                  "Promise: peak host RSS (GiB) of every data-path stage.")
+
+  def main(argv: list[str]) -> None:
+    del argv
+    records = []
+    for path in _RUNS.value:
+      record = report.read_json(path)
+      if not record:
+        fail(f"--runs: no benchmarks.pipeline record at {path}")
+      records.append(summary(record))
+    try:
+      extrapolate = [int(float(n)) for n in _EXTRAPOLATE.value]
+    except ValueError:
+      fail(f"--extrapolate={','.join(_EXTRAPOLATE.value)}: expected numbers of pairs")
+    rows = sorted(records, key=lambda r: r["pairs"])
+    if len({r["pairs"] for r in rows}) < 2:
+      fail("--runs: need records at two or more corpus sizes for a fit")
+    write_report(_OUT.value, rows, extrapolate, report.command_line(), _RESTART_LIMIT.value,
+                 _RSS_LIMIT.value)
+    print(f"wrote {_OUT.value}.md", flush=True)
+
   app.run(main, flags_parser=flags_parser())

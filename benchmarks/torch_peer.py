@@ -1,10 +1,10 @@
 """The PyTorch peer of our training-step benchmark: torch.nn.Transformer at the same shapes.
 
     python -m venv /tmp/torch-peer && /tmp/torch-peer/bin/pip install -r requirements-peer.txt
-    /tmp/torch-peer/bin/python experiments/torch_peer.py --repeats 3
+    /tmp/torch-peer/bin/python benchmarks/torch_peer.py --repeats 3
 
-(`python -m experiments.torch_peer` works too.) `experiments/compare_peer.py` runs it by default,
-alternated with `experiments.benchmark`. It needs only torch: it imports nothing from the
+(`python -m benchmarks.torch_peer` works too.) `benchmarks/compare_peer.py` runs it by default,
+alternated with `benchmarks.train_step`. It needs only torch: it imports nothing from the
 project, and torch only inside `main`, so that this file can be imported (for its FLOP count)
 where torch is missing.
 
@@ -20,12 +20,12 @@ paper's learning-rate schedule. Default shapes: vocabulary 8192, d_model 512, 6 
 8 heads, d_ff 2048, dropout 0.1, label smoothing 0.1, batch 32 x 64 source + 64 target tokens,
 random ids in [2, vocab), no padding.
 
-Measured as `experiments/benchmark.py` measures ours:
+Measured as `benchmarks/train_step.py` measures ours:
   - `--warmup_steps` untimed steps, then `--repeats` timed ones, each on its own batch made
     before the clock starts; a step ends with `loss.item()`, which waits for it. step_s is the
     best of the timed steps; the median and the least CPU time (all threads) are reported too.
-  - model_flops_per_step by the benchmark's formula (`model_flops_per_step` below, written out
-    separately; tests/test_benchmark.py checks that the two agree).
+  - model_flops_per_step by the project's formula, 6 x this model's parameters x tokens / 2
+    (`model_flops_per_step` below, a copy; tests/test_benchmark.py checks that the two agree).
   - matmul_flops_per_s: the best of `--matmul_repeats` float32 [n, n] @ [n, n] products
     (n = `--matmul_size`) after two warm-up products, in this process, after the steps.
     `matmul_peak_flops` is the same number under the name compare_peer reads.
@@ -56,32 +56,16 @@ DEFAULTS = {
 INSTALL = "pip install -r requirements-peer.txt"
 
 
-def model_flops_per_step(
-  d_model: int,
-  d_ff: int,
-  layers: int,
-  vocab: int,
-  batch_size: int,
-  src_len: int,
-  tgt_len: int,
-) -> int:
-  """Model FLOPs of one training step: the count of `experiments.benchmark`, for nn.Transformer.
+def model_flops_per_step(params: int, source_tokens: float, target_tokens: float) -> float:
+  """Model FLOPs of one training step: 6 x parameters x (source + target) / 2 tokens.
 
-  Multiply-adds of the forward pass, 2 FLOPs each, times 3 for forward + backward:
-    - every token through the weight matrices on its path: per source token 4 d^2 of attention
-      (Q, K, V, O) and 2 d f of feed-forward per layer; per target token the same plus another
-      4 d^2 of cross-attention per layer, and d V for the tied output projection;
-    - Q K^T and weights V: d multiply-adds each per query-key pair, per layer, over the
-      S x S (encoder), T x T (decoder, causal or not) and T x S (cross) squares.
-  Embedding lookups, layer norms, softmax, dropout and the optimiser are not counted.
+  A copy of the project's one count (`transformer.hardware.model_flops_per_step`; this file
+  imports nothing from the project; tests/test_benchmark.py checks that the two agree): 2
+  FLOPs per parameter per token forward and 4 backward, and a token goes through about half
+  of an encoder-decoder's parameters. Attention products, embedding lookups, layer norms,
+  softmax, dropout and the optimiser are not counted.
   """
-  d, f = d_model, d_ff
-  per_source_token = layers * (4 * d * d + 2 * d * f)
-  per_target_token = layers * (8 * d * d + 2 * d * f) + d * vocab
-  weight_macs = batch_size * (src_len * per_source_token + tgt_len * per_target_token)
-  pairs = src_len * src_len + tgt_len * tgt_len + tgt_len * src_len
-  attention_macs = batch_size * layers * pairs * 2 * d
-  return 3 * 2 * (weight_macs + attention_macs)
+  return 6.0 * params * (source_tokens + target_tokens) / 2
 
 
 def _positive(text: str) -> int:
@@ -108,7 +92,7 @@ def _probability(text: str) -> float:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   """The command line (defaults: the base shapes); exits with status 2 on a bad value."""
   p = argparse.ArgumentParser(
-    prog="experiments/torch_peer.py",
+    prog="benchmarks/torch_peer.py",
     description="One training step of torch.nn.Transformer, timed; prints one JSON line.",
   )
   d = DEFAULTS
@@ -252,8 +236,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
   del model, opt, batches, logits, step_loss  # free them before the matmul
 
   matmul = measure_matmul_flops(args.matmul_size, args.matmul_repeats)
-  flops = model_flops_per_step(args.d_model, args.d_ff, args.layers, args.vocab,
-                               args.batch_size, args.src_len, args.tgt_len)
+  flops = model_flops_per_step(params, args.batch_size * args.src_len,
+                               args.batch_size * args.tgt_len)
   tokens = args.batch_size * (args.src_len + args.tgt_len)
   best = min(timed)
   return {
@@ -303,7 +287,7 @@ def main(argv: list[str] | None = None) -> None:
   try:
     import torch  # noqa: F401
   except ImportError as e:
-    print(f"error: experiments/torch_peer.py needs PyTorch ({e}); in a separate environment: "
+    print(f"error: benchmarks/torch_peer.py needs PyTorch ({e}); in a separate environment: "
           f"{INSTALL}", file=sys.stderr, flush=True)
     sys.exit(2)
   record = run(args)

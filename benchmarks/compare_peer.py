@@ -1,12 +1,12 @@
 """Our training step against the PyTorch peer, alternated in one run, with ratios.
 
     python -m venv /tmp/torch-peer && /tmp/torch-peer/bin/pip install -r requirements-peer.txt
-    python -m experiments.compare_peer --peer_python=/tmp/torch-peer/bin/python
+    python -m benchmarks.compare_peer --peer_python=/tmp/torch-peer/bin/python
 
 For each of `--rounds` rounds and each shape of `--shapes` (SHAPES: `small`, a 3 + 3 layer
 pre-layer-norm model of width 256 on batches of 96 x 32 + 32 tokens; `base`, the paper's base
-model on 32 x 64 + 64 tokens; `custom`, no preset), runs `python -m experiments.benchmark` once
-per variant, each followed by one run of the peer (`experiments/torch_peer.py` by default:
+model on 32 x 64 + 64 tokens; `custom`, no preset), runs `python -m benchmarks.train_step` once
+per variant, each followed by one run of the peer (`benchmarks/torch_peer.py` by default:
 torch.nn.Transformer at the same shapes, dropout 0.1, label smoothing 0.1). `--benchmark_flags`
 and `--peer_flags` are added to every run of ours and of the peer. Alternating spreads the load
 of a shared machine over both programs alike. In the last round, our run of the first variant
@@ -34,15 +34,13 @@ import sys
 import time
 from typing import Any
 
-from absl import app, flags
-
 from experiments import measure
 from experiments import report as report_lib  # `report` is this module's report
 from transformer.errors import fail, flags_parser
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PEER = os.path.join(ROOT, "experiments", "torch_peer.py")
-# name -> (flags of experiments.benchmark, flags of the peer, description).
+PEER = os.path.join(ROOT, "benchmarks", "torch_peer.py")
+# name -> (flags of benchmarks.train_step, flags of the peer, description).
 SHAPES = {
   "small": (
     ["--config=configs/wmt.py:base", "--config.model.dtype=float32",
@@ -64,7 +62,7 @@ SHAPES = {
   ),
   "custom": ([], [], "the shapes of --benchmark_flags and --peer_flags"),
 }
-# name -> extra flags of experiments.benchmark; the peer always runs dropout 0.1.
+# name -> extra flags of benchmarks.train_step; the peer always runs dropout 0.1.
 VARIANTS = {
   "base": [],
   "exact_dropout": ["--config.model.dropout_mask_bits=32"],
@@ -75,25 +73,6 @@ DESCRIPTIONS = {
   "exact_dropout": "dropout 0.1, 32-bit masks (`--config.model.dropout_mask_bits=32`)",
   "no_dropout": "dropout 0.0 (`--config.model.dropout_rate=0.0`)",
 }
-
-_PEER_PYTHON = flags.DEFINE_string("peer_python", os.environ.get("PEER_PYTHON", ""),
-                                   "Python with torch installed (or $PEER_PYTHON).")
-_PEER = flags.DEFINE_string("peer", PEER, "The peer's script (experiments/torch_peer.py).")
-_SHAPES = flags.DEFINE_list("shapes", ["small", "base"], f"Presets of {list(SHAPES)}.")
-_PEER_FLAGS = flags.DEFINE_list("peer_flags", [], "Extra flags of every peer run.")
-_BENCHMARK_FLAGS = flags.DEFINE_list(
-  "benchmark_flags", [], "Extra flags of every run of experiments.benchmark (after the "
-  "shape's: a repeated flag takes the last value).")
-_ROUNDS = flags.DEFINE_integer("rounds", 3, "Rounds; each runs every shape, variant and peer.")
-_STEPS = flags.DEFINE_integer("timed_steps", 3, "Timed steps per run (both programs).")
-_PROFILE_STEPS = flags.DEFINE_integer(
-  "profile_steps", 2, "Steps profiled after the timed ones, in the last round (0: none).")
-_VARIANTS = flags.DEFINE_list("variants", list(VARIANTS), f"Subset of {list(VARIANTS)}.")
-_XLA_FLAGS = flags.DEFINE_string("xla_flags", "", "XLA_FLAGS of both programs.")
-_ENV = flags.DEFINE_multi_string("env", [], "NAME=VALUE set for both programs.")
-_OUT = flags.DEFINE_string("out", os.path.join("experiments", "results", "benchmark_vs_peer"),
-                           "Output path without extension (.jsonl and .md are written).")
-
 
 def thousands(count: float | None) -> float:
   """A count in thousands; NaN where a record has none (a peer that does not count it)."""
@@ -159,7 +138,10 @@ def profile_section(shape: str, profile: dict[str, Any]) -> str:
           "`op_profile`).\n\n" + parts + "\n" + top)
 
 
-def write_report(path: str, records: list[dict[str, Any]], command: str) -> str:
+def write_report(path: str, records: list[dict[str, Any]], command: str, env: str,
+                 peer: str) -> str:
+  """The markdown report of the records; `env` is both programs' environment, `peer` the
+  peer's script."""
   rows = summarize(records)
   loads = [r["load_at_start"] for r in records]
   peer0 = next(r for r in records if r["program"] == "peer")
@@ -184,21 +166,22 @@ def write_report(path: str, records: list[dict[str, Any]], command: str) -> str:
     f"{r['temp_mib']:.0f}",
   ] for r in rows]
   shape_lines = "".join(f"- `{s}`: {SHAPES[s][2]}; model FLOPs per step "
-                        f"{flops[s, 'ours']:,} (ours) and {flops[s, 'peer']:,} (peer), by the "
-                        "same formula.\n" for s in shapes)
-  env = " ".join([f"XLA_FLAGS={_XLA_FLAGS.value!r}", *_ENV.value])
+                        f"{flops[s, 'ours']:,.0f} (ours) and {flops[s, 'peer']:,.0f} (peer), by "
+                        "the same formula (6 x each model's parameters x tokens / 2).\n"
+                        for s in shapes)
   body = ["## Results\n", report_lib.markdown_table(header, table)]
   body += [profile_section(r["shape"], r["profile"]) for r in rows if r["profile"]]
   return report_lib.write_markdown(
     path, "Our training step against the PyTorch peer, alternated in one run",
-    "Made by `experiments/compare_peer.py` (method in its docstring); every run's JSON line "
-    f"is in `{os.path.basename(_OUT.value)}.jsonl`. Tokens/s count source + target tokens; "
-    "each side's best run, ratio = our best / the peer's best. CPU s per step: the least CPU "
-    "time (all threads) of a timed step, which moves less than wall time with the load of "
-    "other processes. Page faults: the minor page faults of the best run's median step, "
-    "memory the kernel maps and zeroes on first touch (freed to the OS and mapped again in "
-    "every step). In the command, `PY` is a Python with torch (requirements-peer.txt); "
-    f"the peer's script is `{report_lib.public_path(_PEER.value)}`. Shapes:\n\n{shape_lines}",
+    "Made by `benchmarks/compare_peer.py` (method in its docstring); every run's JSON "
+    f"line is in `{os.path.basename(os.path.splitext(path)[0])}.jsonl`. Tokens/s count "
+    "source + target tokens; each side's best run, ratio = our best / the peer's best. CPU s "
+    "per step: the least CPU time (all threads) of a timed step, which moves less than wall "
+    "time with the load of other processes. Page faults: the minor page faults of the best "
+    "run's median step, memory the kernel maps and zeroes on first touch (freed to the OS "
+    "and mapped again in every step). In the command, `PY` is a Python with torch "
+    "(requirements-peer.txt); the peer's script is "
+    f"`{report_lib.public_path(peer)}`. Shapes:\n\n{shape_lines}",
     command, body,
     machine_note=f"- Peer: torch {peer0.get('torch', '?')}, {peer0.get('threads', '?')} "
     f"threads. Load average (1 min) at the start of the runs: {min(loads):.2f} to "
@@ -216,36 +199,25 @@ def parse_env(pairs: list[str]) -> dict[str, str]:
   return env
 
 
-def main(argv: list[str]) -> None:
-  del argv
-  if not _PEER_PYTHON.value:
-    fail("--peer_python (or $PEER_PYTHON): a Python with torch is needed")
-  if not os.path.exists(_PEER.value):
-    fail(f"--peer={_PEER.value}: no such file")
-  for flag, chosen, known in (("--variants", _VARIANTS.value, VARIANTS),
-                              ("--shapes", _SHAPES.value, SHAPES)):
-    unknown = set(chosen) - set(known)
-    if unknown or not chosen:
-      fail(f"{flag}: unknown {sorted(unknown)}; use some of {list(known)}")
-  if "custom" in _SHAPES.value and not _BENCHMARK_FLAGS.value:
-    fail("--shapes=custom: give the shapes in --benchmark_flags (and --peer_flags)")
-  env = {**parse_env(_ENV.value), "XLA_FLAGS": _XLA_FLAGS.value}
-  os.environ["XLA_FLAGS"] = _XLA_FLAGS.value  # the report's machine section names it
+def compare(peer_python: str, peer: str, shapes: list[str], variants: list[str], rounds: int,
+            steps: int, profile_steps: int, benchmark_flags: list[str], peer_flags: list[str],
+            env: dict[str, str], jsonl: str) -> list[dict[str, Any]]:
+  """Every round: each shape and variant of ours, each followed by a run of the peer; every
+  record is appended to `jsonl` as it comes. Returns the records."""
   records = []
-  jsonl = _OUT.value + ".jsonl"
   os.makedirs(os.path.dirname(jsonl) or ".", exist_ok=True)
   with open(jsonl, "w") as f:
-    for round_ in range(_ROUNDS.value):
-      for shape in _SHAPES.value:
-        ours_flags, peer_flags, _ = SHAPES[shape]
-        for i, name in enumerate(_VARIANTS.value):
-          profile = (_PROFILE_STEPS.value if round_ == _ROUNDS.value - 1 and i == 0 else 0)
+    for round_ in range(rounds):
+      for shape in shapes:
+        ours_flags, shape_peer_flags, _ = SHAPES[shape]
+        for i, name in enumerate(variants):
+          profile = profile_steps if round_ == rounds - 1 and i == 0 else 0
           for program, cmd in (
-            ("ours", [sys.executable, "-m", "experiments.benchmark", *ours_flags,
-                      *_BENCHMARK_FLAGS.value, *VARIANTS[name], f"--steps={_STEPS.value}",
+            ("ours", [sys.executable, "-m", "benchmarks.train_step", *ours_flags,
+                      *benchmark_flags, *VARIANTS[name], f"--steps={steps}",
                       f"--profile_steps={profile}"]),
-            ("peer", [_PEER_PYTHON.value, _PEER.value, "--repeats", str(_STEPS.value),
-                      *peer_flags, *_PEER_FLAGS.value]),
+            ("peer", [peer_python, peer, "--repeats", str(steps), *shape_peer_flags,
+                      *peer_flags]),
           ):
             t = time.time()
             record = {"shape": shape, "variant": name, "program": program, "round": round_,
@@ -253,15 +225,56 @@ def main(argv: list[str]) -> None:
             f.write(json.dumps(record) + "\n")
             f.flush()
             records.append(record)
-            print(f"[compare_peer] round {round_ + 1}/{_ROUNDS.value} {shape:6s} {name:14s} "
+            print(f"[compare_peer] round {round_ + 1}/{rounds} {shape:6s} {name:14s} "
                   f"{program}: {record['tokens_per_s']:.0f} tokens/s ({time.time() - t:.0f} s)",
                   flush=True)
-  write_report(_OUT.value + ".md", records,
-               report_lib.public_command(report_lib.command_line(), hide=("--peer_python",)))
-  for r in summarize(records):
-    print(f"[compare_peer] {r['shape']} {r['variant']}: ours {r['ours_best']:.0f} / peer "
-          f"{r['peer_best']:.0f} tokens/s = {r['ratio']:.2f}x")
+  return records
 
 
 if __name__ == "__main__":
+  from absl import app, flags
+
+  _PEER_PYTHON = flags.DEFINE_string("peer_python", os.environ.get("PEER_PYTHON", ""),
+                                     "Python with torch installed (or $PEER_PYTHON).")
+  _PEER = flags.DEFINE_string("peer", PEER, "The peer's script (benchmarks/torch_peer.py).")
+  _SHAPES = flags.DEFINE_list("shapes", ["small", "base"], f"Presets of {list(SHAPES)}.")
+  _PEER_FLAGS = flags.DEFINE_list("peer_flags", [], "Extra flags of every peer run.")
+  _BENCHMARK_FLAGS = flags.DEFINE_list(
+    "benchmark_flags", [], "Extra flags of every run of benchmarks.train_step (after the "
+    "shape's: a repeated flag takes the last value).")
+  _ROUNDS = flags.DEFINE_integer("rounds", 3, "Rounds; each runs every shape, variant and peer.")
+  _STEPS = flags.DEFINE_integer("timed_steps", 3, "Timed steps per run (both programs).")
+  _PROFILE_STEPS = flags.DEFINE_integer(
+    "profile_steps", 2, "Steps profiled after the timed ones, in the last round (0: none).")
+  _VARIANTS = flags.DEFINE_list("variants", list(VARIANTS), f"Subset of {list(VARIANTS)}.")
+  _XLA_FLAGS = flags.DEFINE_string("xla_flags", "", "XLA_FLAGS of both programs.")
+  _ENV = flags.DEFINE_multi_string("env", [], "NAME=VALUE set for both programs.")
+  _OUT = flags.DEFINE_string("out", os.path.join("benchmarks", "results", "benchmark_vs_peer"),
+                             "Output path without extension (.jsonl and .md are written).")
+
+  def main(argv: list[str]) -> None:
+    del argv
+    if not _PEER_PYTHON.value:
+      fail("--peer_python (or $PEER_PYTHON): a Python with torch is needed")
+    if not os.path.exists(_PEER.value):
+      fail(f"--peer={_PEER.value}: no such file")
+    for flag, chosen, known in (("--variants", _VARIANTS.value, VARIANTS),
+                                ("--shapes", _SHAPES.value, SHAPES)):
+      unknown = set(chosen) - set(known)
+      if unknown or not chosen:
+        fail(f"{flag}: unknown {sorted(unknown)}; use some of {list(known)}")
+    if "custom" in _SHAPES.value and not _BENCHMARK_FLAGS.value:
+      fail("--shapes=custom: give the shapes in --benchmark_flags (and --peer_flags)")
+    env = {**parse_env(_ENV.value), "XLA_FLAGS": _XLA_FLAGS.value}
+    os.environ["XLA_FLAGS"] = _XLA_FLAGS.value  # the report's machine section names it
+    records = compare(_PEER_PYTHON.value, _PEER.value, _SHAPES.value, _VARIANTS.value,
+                      _ROUNDS.value, _STEPS.value, _PROFILE_STEPS.value, _BENCHMARK_FLAGS.value,
+                      _PEER_FLAGS.value, env, _OUT.value + ".jsonl")
+    write_report(_OUT.value + ".md", records,
+                 report_lib.public_command(report_lib.command_line(), hide=("--peer_python",)),
+                 " ".join([f"XLA_FLAGS={_XLA_FLAGS.value!r}", *_ENV.value]), _PEER.value)
+    for r in summarize(records):
+      print(f"[compare_peer] {r['shape']} {r['variant']}: ours {r['ours_best']:.0f} / peer "
+            f"{r['peer_best']:.0f} tokens/s = {r['ratio']:.2f}x")
+
   app.run(main, flags_parser=flags_parser())
