@@ -220,12 +220,11 @@ def with_stand_in_workdir(argv: list[str], root: str) -> list[str]:
   the command takes its config from the workdir; else `argv` unchanged."""
   import importlib.util
 
-  from transformer import main as main_lib
   from transformer import workdir_config
 
-  if main_lib.with_workdir_config(["main", *argv])[1:] == argv:
+  if workdir_config.with_workdir_config(["main", *argv])[1:] == argv:
     return argv
-  workdir = main_lib.flag_value(argv, "workdir")
+  workdir = workdir_config.flag_value(argv, "workdir")
   if workdir not in WORKDIR_CONFIGS:
     raise ValueError(f"--workdir={workdir}: add its config to test_docs.WORKDIR_CONFIGS")
   path, _, arg = WORKDIR_CONFIGS[workdir].partition(":")

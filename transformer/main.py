@@ -78,30 +78,9 @@ def default_workdir(config_arg: str) -> str:
   return os.path.join("runs", f"{name}-{variant}" if variant else name)
 
 
-def flag_value(argv: list[str], name: str) -> str | None:
-  """The value of `--name=V` or `--name V` in argv (the last one), before absl parses it."""
-  value = None
-  for i, arg in enumerate(argv):
-    if arg.startswith(f"--{name}="):
-      value = arg.split("=", 1)[1]
-    elif arg == f"--{name}" and i + 1 < len(argv):
-      value = argv[i + 1]
-  return value
-
-
-def with_workdir_config(argv: list[str]) -> list[str]:
-  """argv with `--config=<workdir_config.py>:WORKDIR` added when a mode other than training
-  has --workdir and no --config: the workdir's saved config is the default."""
-  mode = flag_value(argv, "mode") or "train"
-  workdir = flag_value(argv, "workdir")
-  if mode == "train" or workdir is None or flag_value(argv, "config") is not None:
-    return argv
-  return [argv[0], f"--config={workdir_config.__file__}:{workdir}", *argv[1:]]
-
-
 def parse_flags(argv: list[str]) -> list[str]:
   """absl's parsing, but a bad flag or config file is one line and exit status 2."""
-  argv = with_workdir_config(argv)
+  argv = workdir_config.with_workdir_config(argv)
   try:
     return FLAGS(argv)
   except Exception as e:  # noqa: BLE001 - a bad flag, or a config file that fails to load

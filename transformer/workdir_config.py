@@ -145,3 +145,24 @@ def check_same(saved: config_dict.ConfigDict, config: config_dict.ConfigDict) ->
         f"{field}={got.get(field, '<absent>')!r} differs from {want.get(field, '<absent>')!r} "
         "in the workdir's config.json: the model and its data are the training run's; drop "
         "--config (the workdir's config is the default) or that override")
+
+
+def flag_value(argv: list[str], name: str) -> str | None:
+  """The value of `--name=V` or `--name V` in argv (the last one), before absl parses it."""
+  value = None
+  for i, arg in enumerate(argv):
+    if arg.startswith(f"--{name}="):
+      value = arg.split("=", 1)[1]
+    elif arg == f"--{name}" and i + 1 < len(argv):
+      value = argv[i + 1]
+  return value
+
+
+def with_workdir_config(argv: list[str]) -> list[str]:
+  """argv with `--config=<workdir_config.py>:WORKDIR` added when a mode other than training
+  has --workdir and no --config: the workdir's saved config is the default."""
+  mode = flag_value(argv, "mode") or "train"
+  workdir = flag_value(argv, "workdir")
+  if mode == "train" or workdir is None or flag_value(argv, "config") is not None:
+    return argv
+  return [argv[0], f"--config={__file__}:{workdir}", *argv[1:]]
