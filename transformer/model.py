@@ -302,17 +302,20 @@ def _cached_attention(query: Array, key: Array, value: Array, owners: Array) -> 
   rows, _, heads, head_dim = query.shape
   group, length = owners.shape[1:]
   n = rows // group
-  q = query.reshape(n, group, heads, head_dim)  # [n, j, h, k]
+  # The key row i is a batch axis of both products, so the caches are read as stored, never
+  # transposed at a step; each query is repeated over the K rows of its group.
+  q = query.reshape(n, group, heads, head_dim).transpose(0, 2, 1, 3)  # [n, h, j, k]
+  q = jnp.broadcast_to(q[:, None], (n, group, heads, group, head_dim))  # [n, i, h, j, k]
   k = key.reshape(n, group, heads, length, head_dim)  # [n, i, h, l, k]
   v = value.reshape(n, group, heads, length, head_dim)
-  logits = jnp.einsum("njhk,nihlk->nhjil", q, k, preferred_element_type=jnp.float32)
+  logits = jnp.einsum("nihjk,nihlk->nihjl", q, k, preferred_element_type=jnp.float32)
   logits = logits * head_dim ** -0.5
-  mask = owners.reshape(n, 1, group, group, length)  # [n, 1, j, i, l]
+  mask = owners.reshape(n, group, group, length).transpose(0, 2, 1, 3)[:, :, None]  # [n,i,1,j,l]
   logits = jnp.where(mask, logits, attn_lib.MASKED)
   # One softmax over every (row, position) the query may attend to.
-  weights = jnp.where(mask, jax.nn.softmax(logits, axis=(-2, -1)), 0.0)
-  out = jnp.einsum("nhjil,nihlk->njhk", weights.astype(value.dtype), v)
-  return out.reshape(rows, 1, heads, head_dim).astype(query.dtype)
+  weights = jnp.where(mask, jax.nn.softmax(logits, axis=(1, 4)), 0.0)
+  out = jnp.einsum("nihjl,nihlk->nihjk", weights.astype(value.dtype), v).sum(axis=1)
+  return out.transpose(0, 2, 1, 3).reshape(rows, 1, heads, head_dim).astype(query.dtype)
 
 
 class FeedForward(nn.Module):
