@@ -179,7 +179,7 @@ def test_compare_peer_alternates_and_reports_ratios(tmp_path):
     cwd=ROOT, capture_output=True, text=True, timeout=600,
   )
   assert proc.returncode == 0, proc.stderr[-3000:]
-  records = [json.loads(line) for line in (tmp_path / "cmp.jsonl").read_text().splitlines()]
+  records = json.loads((tmp_path / "cmp.json").read_text())["sections"]["default"]["records"]
   assert [(r["round"], r["shape"], r["variant"], r["program"]) for r in records] == [
     (0, "custom", v, p) for v in ("base", "no_dropout") for p in ("ours", "peer")]
   ours = [r["tokens_per_s"] for r in records if r["program"] == "ours" and r["variant"] == "base"]
