@@ -135,9 +135,9 @@ def time_by_k(config: Any, ks: list[int], rounds: int,
   return out
 
 
-def write_report(path: str, config: Any, time_config: Any, memory: list[dict[str, Any]],
-                 timing: list[dict[str, Any]], command: str) -> None:
-  """Writes `path`.md (tables of both parts, the command, the machine) and `path`.json."""
+def report_parts(config: Any, time_config: Any, memory: list[dict[str, Any]],
+                 timing: list[dict[str, Any]]) -> dict[str, Any]:
+  """`report.write`'s title, intro, body (tables of both parts) and record."""
   import numpy as np
 
   gib = lambda b: f"{b / 2**30:.2f}"
@@ -184,13 +184,11 @@ def write_report(path: str, config: Any, time_config: Any, memory: list[dict[str
       "- Each k trains from the same state on the same random batches; the loss difference "
       "is the largest over all steps (float32 summation order only).\n",
     ]
-  report.write_markdown(
-    path + ".md", "Gradient accumulation: memory and step time against k",
-    "Made by `benchmarks/accum_memory.py` (method in its docstring). `config.grad_accum_steps"
-    "` = k runs each batch as k micro-batches in one jitted step and makes one update with the "
-    "whole batch's mean gradient.", command, body)
-  report.write_json(path + ".json", {"command": command, "hardware": report.hardware(),
-                                     "memory": memory, "time": timing})
+  return {"title": "Gradient accumulation: memory and step time against k",
+          "intro": "Made by `benchmarks/accum_memory.py` (method in its docstring). "
+                   "`config.grad_accum_steps` = k runs each batch as k micro-batches in one "
+                   "jitted step and makes one update with the whole batch's mean gradient.",
+          "body": body, "record": {"memory": memory, "time": timing}}
 
 
 if __name__ == "__main__":
@@ -230,7 +228,8 @@ if __name__ == "__main__":
       memory = memory_by_k(config, _ROWS.value, _LENGTH.value, memory_k)
     except UserError as e:
       fail(str(e))
-    write_report(_OUT.value, config, time_config, memory, timing, report.command_line())
+    report.write(_OUT.value, command=report.command_line(),
+                 **report_parts(config, time_config, memory, timing))
     print(f"wrote {_OUT.value}.md", flush=True)
 
   app.run(main, flags_parser=flags_parser())

@@ -11,10 +11,12 @@ torch.nn.Transformer at the same shapes, dropout 0.1, label smoothing 0.1). `--b
 and `--peer_flags` are added to every run of ours and of the peer. Alternating spreads the load
 of a shared machine over both programs alike. In the last round, our run of the first variant
 also profiles `--profile_steps` more steps (`step_cost.op_profile`: the costliest XLA ops and
-the share of each part of the model). Every JSON line goes to `--out`.jsonl, and the tables
-(best of the rounds for each side, the ratio of those bests, the fractions of each framework's
-own matmul rate measured in the same run, CPU time, memory from XLA, the profiles) to
-`--out`.md. The command written there shows the peer's Python as `PY`.
+the share of each part of the model). The run is the `--section` of the report `--out`.md and
+.json (the other sections, other environments or kernels, are kept): the tables (best of the
+rounds for each side, the ratio of those bests, the fractions of each framework's own matmul
+rate measured in the same run, CPU time, memory from XLA, the profiles) and every run's JSON
+record, written again after each run of the peer. The command written there shows the peer's
+Python as `PY`.
 
 Both programs get `XLA_FLAGS=--xla_flags` (empty by default: nothing inherited) and every
 `--env=NAME=VALUE`, e.g. `--xla_flags=--xla_cpu_max_isa=AVX2`, which keeps XLA's generated code
@@ -27,11 +29,11 @@ separate virtual environment (the first line above) and pass its Python as `--pe
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from experiments import measure
@@ -138,10 +140,9 @@ def profile_section(shape: str, profile: dict[str, Any]) -> str:
           "`op_profile`).\n\n" + parts + "\n" + top)
 
 
-def write_report(path: str, records: list[dict[str, Any]], command: str, env: str,
-                 peer: str) -> str:
-  """The markdown report of the records; `env` is both programs' environment, `peer` the
-  peer's script."""
+def report_parts(records: list[dict[str, Any]], env: str, peer: str) -> dict[str, Any]:
+  """`report.write`'s title, intro, body, record and machine note of the records; `env` is
+  both programs' environment, `peer` the peer's script."""
   rows = summarize(records)
   loads = [r["load_at_start"] for r in records]
   peer0 = next(r for r in records if r["program"] == "peer")
@@ -169,23 +170,23 @@ def write_report(path: str, records: list[dict[str, Any]], command: str, env: st
                         f"{flops[s, 'ours']:,.0f} (ours) and {flops[s, 'peer']:,.0f} (peer), by "
                         "the same formula (6 x each model's parameters x tokens / 2).\n"
                         for s in shapes)
-  body = ["## Results\n", report_lib.markdown_table(header, table)]
+  body = [f"The peer's script: `{report_lib.public_path(peer)}`. Shapes:\n\n{shape_lines}",
+          "## Results\n", report_lib.markdown_table(header, table)]
   body += [profile_section(r["shape"], r["profile"]) for r in rows if r["profile"]]
-  return report_lib.write_markdown(
-    path, "Our training step against the PyTorch peer, alternated in one run",
-    "Made by `benchmarks/compare_peer.py` (method in its docstring); every run's JSON "
-    f"line is in `{os.path.basename(os.path.splitext(path)[0])}.jsonl`. Tokens/s count "
-    "source + target tokens; each side's best run, ratio = our best / the peer's best. CPU s "
-    "per step: the least CPU time (all threads) of a timed step, which moves less than wall "
-    "time with the load of other processes. Page faults: the minor page faults of the best "
-    "run's median step, memory the kernel maps and zeroes on first touch (freed to the OS "
-    "and mapped again in every step). In the command, `PY` is a Python with torch "
-    "(requirements-peer.txt); the peer's script is "
-    f"`{report_lib.public_path(peer)}`. Shapes:\n\n{shape_lines}",
-    command, body,
-    machine_note=f"- Peer: torch {peer0.get('torch', '?')}, {peer0.get('threads', '?')} "
+  return {
+    "title": "Our training step against the PyTorch peer, alternated in one run",
+    "intro": "Made by `benchmarks/compare_peer.py` (method in its docstring), a section per "
+    "environment of both programs (`--section`); every run's JSON record is in the `.json` "
+    "beside this file. Tokens/s count source + target tokens; each side's best run, ratio = "
+    "our best / the peer's best. CPU s per step: the least CPU time (all threads) of a timed "
+    "step, which moves less than wall time with the load of other processes. Page faults: "
+    "the minor page faults of the best run's median step, memory the kernel maps and zeroes "
+    "on first touch (freed to the OS and mapped again in every step). In the commands, `PY` "
+    "is a Python with torch (requirements-peer.txt).",
+    "body": body, "record": {"records": records},
+    "machine_note": f"- Peer: torch {peer0.get('torch', '?')}, {peer0.get('threads', '?')} "
     f"threads. Load average (1 min) at the start of the runs: {min(loads):.2f} to "
-    f"{max(loads):.2f}. Environment of both programs: `{env}`.\n")
+    f"{max(loads):.2f}. Environment of both programs: `{env}`.\n"}
 
 
 def parse_env(pairs: list[str]) -> dict[str, str]:
@@ -201,33 +202,31 @@ def parse_env(pairs: list[str]) -> dict[str, str]:
 
 def compare(peer_python: str, peer: str, shapes: list[str], variants: list[str], rounds: int,
             steps: int, profile_steps: int, benchmark_flags: list[str], peer_flags: list[str],
-            env: dict[str, str], jsonl: str) -> list[dict[str, Any]]:
-  """Every round: each shape and variant of ours, each followed by a run of the peer; every
-  record is appended to `jsonl` as it comes. Returns the records."""
+            env: dict[str, str], done: Callable[[list[dict[str, Any]]], Any] = lambda r: None
+            ) -> list[dict[str, Any]]:
+  """Every round: each shape and variant of ours, each followed by a run of the peer, after
+  which `done(records so far)` is called (the report: a failure later keeps what ran).
+  Returns the records."""
   records = []
-  os.makedirs(os.path.dirname(jsonl) or ".", exist_ok=True)
-  with open(jsonl, "w") as f:
-    for round_ in range(rounds):
-      for shape in shapes:
-        ours_flags, shape_peer_flags, _ = SHAPES[shape]
-        for i, name in enumerate(variants):
-          profile = profile_steps if round_ == rounds - 1 and i == 0 else 0
-          for program, cmd in (
-            ("ours", [sys.executable, "-m", "benchmarks.train_step", *ours_flags,
-                      *benchmark_flags, *VARIANTS[name], f"--steps={steps}",
-                      f"--profile_steps={profile}"]),
-            ("peer", [peer_python, peer, "--repeats", str(steps), *shape_peer_flags,
-                      *peer_flags]),
-          ):
-            t = time.time()
-            record = {"shape": shape, "variant": name, "program": program, "round": round_,
-                      **measure.run_json(cmd, env=env)}
-            f.write(json.dumps(record) + "\n")
-            f.flush()
-            records.append(record)
-            print(f"[compare_peer] round {round_ + 1}/{rounds} {shape:6s} {name:14s} "
-                  f"{program}: {record['tokens_per_s']:.0f} tokens/s ({time.time() - t:.0f} s)",
-                  flush=True)
+  for round_ in range(rounds):
+    for shape in shapes:
+      ours_flags, shape_peer_flags, _ = SHAPES[shape]
+      for i, name in enumerate(variants):
+        profile = profile_steps if round_ == rounds - 1 and i == 0 else 0
+        for program, cmd in (
+          ("ours", [sys.executable, "-m", "benchmarks.train_step", *ours_flags,
+                    *benchmark_flags, *VARIANTS[name], f"--steps={steps}",
+                    f"--profile_steps={profile}"]),
+          ("peer", [peer_python, peer, "--repeats", str(steps), *shape_peer_flags, *peer_flags]),
+        ):
+          t = time.time()
+          record = {"shape": shape, "variant": name, "program": program, "round": round_,
+                    **measure.run_json(cmd, env=env)}
+          records.append(record)
+          print(f"[compare_peer] round {round_ + 1}/{rounds} {shape:6s} {name:14s} "
+                f"{program}: {record['tokens_per_s']:.0f} tokens/s ({time.time() - t:.0f} s)",
+                flush=True)
+        done(records)
   return records
 
 
@@ -249,8 +248,10 @@ if __name__ == "__main__":
   _VARIANTS = flags.DEFINE_list("variants", list(VARIANTS), f"Subset of {list(VARIANTS)}.")
   _XLA_FLAGS = flags.DEFINE_string("xla_flags", "", "XLA_FLAGS of both programs.")
   _ENV = flags.DEFINE_multi_string("env", [], "NAME=VALUE set for both programs.")
-  _OUT = flags.DEFINE_string("out", os.path.join("benchmarks", "results", "benchmark_vs_peer"),
-                             "Output path without extension (.jsonl and .md are written).")
+  _OUT = flags.DEFINE_string("out", os.path.join("benchmarks", "results", "train_step_vs_torch"),
+                             "Report path without extension (.md and .json).")
+  _SECTION = flags.DEFINE_string("section", "default", "The report's section this run writes "
+                                 "(the others are kept), e.g. hugepages.")
 
   def main(argv: list[str]) -> None:
     del argv
@@ -267,12 +268,16 @@ if __name__ == "__main__":
       fail("--shapes=custom: give the shapes in --benchmark_flags (and --peer_flags)")
     env = {**parse_env(_ENV.value), "XLA_FLAGS": _XLA_FLAGS.value}
     os.environ["XLA_FLAGS"] = _XLA_FLAGS.value  # the report's machine section names it
+    command = report_lib.public_command(report_lib.command_line(), hide=("--peer_python",))
+    programs_env = " ".join([f"XLA_FLAGS={_XLA_FLAGS.value!r}", *_ENV.value])
+
+    def write(records: list[dict[str, Any]]) -> None:
+      report_lib.write(_OUT.value, command=command, section=_SECTION.value,
+                       **report_parts(records, programs_env, _PEER.value))
+
     records = compare(_PEER_PYTHON.value, _PEER.value, _SHAPES.value, _VARIANTS.value,
                       _ROUNDS.value, _STEPS.value, _PROFILE_STEPS.value, _BENCHMARK_FLAGS.value,
-                      _PEER_FLAGS.value, env, _OUT.value + ".jsonl")
-    write_report(_OUT.value + ".md", records,
-                 report_lib.public_command(report_lib.command_line(), hide=("--peer_python",)),
-                 " ".join([f"XLA_FLAGS={_XLA_FLAGS.value!r}", *_ENV.value]), _PEER.value)
+                      _PEER_FLAGS.value, env, write)
     for r in summarize(records):
       print(f"[compare_peer] {r['shape']} {r['variant']}: ours {r['ours_best']:.0f} / peer "
             f"{r['peer_best']:.0f} tokens/s = {r['ratio']:.2f}x")

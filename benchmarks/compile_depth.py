@@ -43,8 +43,8 @@ def with_ratios(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
   return out
 
 
-def write_report(path: str, records: list[dict[str, Any]], command: str) -> None:
-  """Writes `path`.md (the table, the command, the machine) and `path`.json (the records)."""
+def report_parts(records: list[dict[str, Any]]) -> dict[str, Any]:
+  """`report.write`'s title, intro, body (a table) and record of the records."""
   rows = [[r["layers"], r["scan_layers"], f"{r['compile_s']:.1f}",
            f"{r['temp_memory_bytes'] / 2**20:,.0f}", f"{r['compile_vs_shallowest']:.2f}x",
            f"{r['load_at_start']:.2f}"] for r in records]
@@ -54,10 +54,8 @@ def write_report(path: str, records: list[dict[str, Any]], command: str) -> None
   intro = ("The training step compiled, never run, once per depth and scan setting, each in a "
            "fresh process (`benchmarks.train_step --steps=0`: lowering and XLA compilation, no "
            "persistent compilation cache). Produced by `benchmarks/compile_depth.py`.")
-  report.write_markdown(path + ".md", "Compile time against depth (nn.scan)", intro, command,
-                        ["## Results\n", table])
-  report.write_json(path + ".json", {"command": command, "hardware": report.hardware(),
-                                     "records": records})
+  return {"title": "Compile time against depth (nn.scan)", "intro": intro,
+          "body": ["## Results\n", table], "record": {"records": records}}
 
 
 if __name__ == "__main__":
@@ -92,7 +90,8 @@ if __name__ == "__main__":
           fail(f"compiling {layers} layers with scan_layers={scan} failed: {e}")
         print(f"layers {layers}, scan_layers {scan}: compile {r['compile_s']:.1f} s", flush=True)
         records.append(r)
-    write_report(_OUT.value, with_ratios(records), report.command_line())
+    report.write(_OUT.value, command=report.command_line(),
+                 **report_parts(with_ratios(records)))
     print(f"wrote {_OUT.value}.md", flush=True)
 
   app.run(main, flags_parser=flags_parser())

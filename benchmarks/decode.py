@@ -1,13 +1,14 @@
 """Decoding speed: our KV-cached greedy and beam search against an uncached decoder or CTranslate2.
 
     python -m benchmarks.decode --batch_size=8 --src_len=32 --out_len=64 \
-        --beam_size=4 --repeats=3                      # -> benchmarks/results/decode.md
+        --beam_size=4 --repeats=3                # -> benchmarks/results/decode_cache.md
     python -m benchmarks.decode --peer=ctranslate2 --peer_batch_sizes=32,1 \
-        --src_len=32 --out_len=64 --beam_size=4 --repeats=3   # -> benchmark_vs_peer_decode.md
+        --src_len=32 --out_len=64 --beam_size=4 --repeats=3   # -> decode_vs_ctranslate2.md
 
 The first times KV-cached greedy and beam search against uncached greedy decoding, the second
 against CTranslate2 float32 and int8 on the same (random) weights. Both print the table and,
-last, one JSON object, and write the report (`--report`) with the command and the machine.
+last, one JSON object, and write their section (`--section`) of the report (`--out`) with the
+command and the machine.
 
 `run_benchmark` times decoders of random parameters on random source batches (ids in
 [2, vocab), EOS last, no padding), every decoder producing exactly `out_len` tokens per
@@ -405,15 +406,15 @@ def isa_note(record: dict[str, Any]) -> str:
           f"machine, not an {isa} machine: the cores, caches and memory are this one's.\n")
 
 
-def write_report(path: str, record: dict[str, Any], command: str) -> str:
-  """The markdown report of a `run_benchmark` record (with `isa_note` under the machine)."""
+def report_parts(record: dict[str, Any]) -> dict[str, Any]:
+  """`report.write`'s title, intro, body, record and machine note (`isa_note`) of a
+  `run_benchmark` record."""
   r = record
   compared = (f"CTranslate2 {r['ctranslate2']} (float32, and int8 with weights quantized at "
               f"load, on {r['ct2_threads']} thread(s)) on the same weights, exported with "
               "`transformer.export`" if r["peer"] else
               "the uncached greedy decoder, which re-runs the whole decoder at every step")
-  intro = (
-    "Produced by `benchmarks/decode.py` (method in its docstring). "
+  setting = (
     f"Random parameters of `{r['config']}` ({r['layers']} + {r['layers']} layers, d_model "
     f"{r['d_model']}, d_ff {r['d_ff']}, {r['heads']} heads, vocabulary {r['vocab']}, "
     f"{r['params']:,} parameters, {r['dtype']}); our KV-cached greedy and beam search "
@@ -422,16 +423,19 @@ def write_report(path: str, record: dict[str, Any], command: str) -> str:
     "suppressed until the last step), so all run the same number of steps. Best of "
     f"{r['repeats']} rounds after {r['warmup']} warm-up round(s), every round running all "
     "decoders one after the other; tokens/s = batch * out_len / time, encoder included. "
-    "Ratios above 1 mean ours is faster.")
+    "Ratios above 1 mean ours is faster.\n")
   checks = [f"batch {c['batch_size']}: every output exactly {r['out_len']} tokens: "
             f"{c['exact_length']}" + (f"; ours and uncached greedy gave the same tokens: "
                                       f"{c['same_tokens']}" if "same_tokens" in c else "")
             for c in r["checks"]]
-  body = ["## Results\n", results_table(r), "\n" + ".\n".join(checks) + ".\n",
+  body = [setting, "## Results\n", results_table(r), "\n" + ".\n".join(checks) + ".\n",
           *profile_tables(r)]
   title = ("Decoding speed against CTranslate2, same weights" if r["peer"] else
            "Decoding speed: KV-cached against uncached decoding")
-  return report.write_markdown(path, title, intro, command, body, machine_note=isa_note(r))
+  intro = ("Produced by `benchmarks/decode.py` (method in its docstring), a section per "
+           "machine or kernel choice (`--section`).")
+  return {"title": title, "intro": intro, "body": body, "record": r,
+          "machine_note": isa_note(r)}
 
 
 if __name__ == "__main__":
@@ -458,9 +462,11 @@ if __name__ == "__main__":
                                   "cores, as XLA's CPU runtime uses).")
   _PROFILE = flags.DEFINE_bool("profile", True, "Profile our greedy and beam search once more "
                                "each (untimed): where their time goes, in the report.")
-  _REPORT = flags.DEFINE_string(
-    "report", None, "The markdown report ('' for none); default benchmarks/results/decode.md, "
-    "with --peer benchmark_vs_peer_decode.md.")
+  _OUT = flags.DEFINE_string(
+    "out", None, "The report's path without extension ('' for none); default "
+    "benchmarks/results/decode_cache, with --peer decode_vs_ctranslate2.")
+  _SECTION = flags.DEFINE_string("section", "default", "The report's section this run writes "
+                                 "(the others are kept), e.g. avx2.")
   FLAGS = flags.FLAGS
 
   def overridden(field: str) -> bool:
@@ -492,12 +498,14 @@ if __name__ == "__main__":
     except UserError as e:
       fail(str(e))
     print(results_table(record), flush=True)
-    path = _REPORT.value
+    path = _OUT.value
     if path is None:
-      name = "benchmark_vs_peer_decode.md" if _PEER.value else "decode.md"
+      name = "decode_vs_ctranslate2" if _PEER.value else "decode_cache"
       path = os.path.join(ROOT, "benchmarks", "results", name)
     if path:
-      print(f"report: {write_report(path, record, command)}", flush=True)
+      md, _ = report.write(path, command=command, section=_SECTION.value,
+                           **report_parts(record))
+      print(f"report: {md}", flush=True)
     print(json.dumps(record), flush=True)
 
   app.run(main, flags_parser=flags_parser(config=DEFAULT_CONFIG))

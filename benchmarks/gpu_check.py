@@ -1,4 +1,4 @@
-"""One prepared check of a GPU machine: training step and beam search, written to gpu.md.
+"""One prepared check of a GPU machine: training step and beam search, a report section per GPU.
 
     python -m benchmarks.gpu_check                     # one NVIDIA GPU, under 10 minutes
     python -m benchmarks.gpu_check --smoke --out=/tmp/gpu   # any machine: tiny shapes
@@ -58,8 +58,8 @@ def run_json(module: str, args: list[str], timeout: float) -> dict[str, Any]:
 
 
 def check(shapes: dict[str, list[str]], out: str, timeout: float) -> str:
-  """Every measurement of `shapes` (FULL or SMOKE) in its child process; writes gpu.md and
-  gpu.json into `out` and returns the markdown's path."""
+  """Every measurement of `shapes` (FULL or SMOKE) in its child process; writes the device
+  kind's section of `out`.md and .json and returns the markdown's path."""
   from experiments import report
 
   command = report.command_line()
@@ -73,22 +73,21 @@ def check(shapes: dict[str, list[str]], out: str, timeout: float) -> str:
       done = r.get("error") or f"{r['tokens_per_s']:.0f} tokens/s"
       print(f"[gpu_check] train {attention} {rows}: {done}", flush=True)
   decode = run_json("benchmarks.decode",
-                    [*shapes["config"], *shapes["decode"], "--report="], timeout)
+                    [*shapes["config"], *shapes["decode"], "--out="], timeout)
   print(f"[gpu_check] decode: {decode.get('error') or 'done'}", flush=True)
-  path = write_report(os.path.join(out, "gpu.md"), command, train, decode)
-  report.write_json(os.path.splitext(path)[0] + ".json",
-                    {"command": command, "train": train, "decode": decode})
+  kind = next((r["device_kind"] for r in train if "device_kind" in r), "unknown device")
+  # After the children ran: this process touches the GPU only now.
+  path = report.write(out, command=command, section=kind, **report_parts(kind, train, decode))[0]
   print(f"wrote {path}", flush=True)
   return path
 
 
-def write_report(path: str, command: str, train: list[dict[str, Any]],
-                 decode: dict[str, Any]) -> str:
-  """gpu.md; called after the children ran (this process touches the GPU only now)."""
+def report_parts(kind: str, train: list[dict[str, Any]], decode: dict[str, Any]
+                 ) -> dict[str, Any]:
+  """`report.write`'s title, intro, body and record of the measurements on a `kind` device."""
   from benchmarks import decode as decode_benchmark
   from experiments import report
 
-  kind = next((r["device_kind"] for r in train if "device_kind" in r), "unknown device")
   peak = peak_of(kind)
   rows = []
   for r in train:
@@ -106,9 +105,10 @@ def write_report(path: str, command: str, train: list[dict[str, Any]],
     ["attention", "rows", "batch (rows x source / target)", "step (ms)", "tokens/s",
      "model TFLOP/s", "MFU (bf16 peak)", "fraction of measured bf16 matmul (TFLOP/s)",
      "compile (s)", "temp (GiB)"], rows),
-    "\nPacked rows count model FLOPs as unpacked rows of the same shape (attention over the "
-    "whole row), and every position of these random batches is a real token. `cudnn` falls "
-    "back to `xla` where cuDNN's fused attention does not apply (not a GPU, float32).\n",
+    "\nModel FLOPs: `hardware.model_flops_per_step` (6 x parameters x tokens / 2), as the "
+    "training loop's MFU. Packed rows count as many tokens as unpacked rows of the same shape, "
+    "and every position of these random batches is a real token. `cudnn` falls back to `xla` "
+    "where cuDNN's fused attention does not apply (not a GPU, float32).\n",
     "## Beam search\n"]
   if "error" in decode:
     body.append(f"Not measured: {decode['error']}.\n")
@@ -117,18 +117,19 @@ def write_report(path: str, command: str, train: list[dict[str, Any]],
              f"{decode['out_len']} output tokens, {decode['dtype']}, random weights "
              f"(`benchmarks.decode`, best of {decode['repeats']}).\n",
              decode_benchmark.results_table(decode)]
-  return report.write_markdown(
-    path, f"GPU check: {kind}",
-    "Made by `benchmarks/gpu_check.py` (method in its docstring). Peak: "
-    f"{'unknown for this device' if peak is None else f'{peak / 1e12:.0f} TFLOP/s dense bf16'}"
-    ".", command, body)
+  body.insert(0, "Peak: " + ("unknown for this device." if peak is None
+                             else f"{peak / 1e12:.0f} TFLOP/s dense bf16.\n"))
+  return {"title": "GPU check", "intro": "Made by `benchmarks/gpu_check.py` (method in its "
+          "docstring), a section per device kind.", "body": body,
+          "record": {"train": train, "decode": decode}}
 
 
 if __name__ == "__main__":
   from absl import app, flags
 
   _SMOKE = flags.DEFINE_bool("smoke", False, "Tiny shapes on any machine: the path, not the speed.")
-  _OUT = flags.DEFINE_string("out", os.path.join("benchmarks", "results"), "Directory of gpu.md.")
+  _OUT = flags.DEFINE_string("out", os.path.join("benchmarks", "results", "gpu_check"),
+                             "Report path without extension (.md and .json).")
   _TIMEOUT = flags.DEFINE_integer("timeout_s", 110, "Time limit of each measurement (seconds).")
 
   def main(argv: list[str]) -> None:

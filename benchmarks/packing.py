@@ -21,7 +21,7 @@ True), over the first `--batches` training batches (steps 0, 1, ...) of the run'
 The vocabulary and token cache come from (or go into) `--workdir`, as for a training run. The
 model is the config's (override it on the command line, as in the WMT command above, where the
 base model would take minutes per step on a CPU, and the logits of 25,000 tokens over 37,000
-pieces some 14 GiB). Writes `--out`.md and .json.
+pieces some 14 GiB). Writes the `--section` of `--out`.md and .json.
 """
 
 from __future__ import annotations
@@ -165,8 +165,9 @@ def compare_layouts(config: Any, workdir: str, batches: int, timed_steps: int,
   return out
 
 
-def write_report(path: str, config: Any, result: dict[str, Any], command: str,
-                 batches: int) -> None:
+def report_parts(config: Any, result: dict[str, Any], batches: int) -> dict[str, Any]:
+  """`report.write`'s title, intro, body (the corpus, the model, a table of both layouts) and
+  record of one `compare_layouts` result."""
   b, p = result["bucketed"], result["packed"]
   timed = "real_tokens_per_second" in b
   m = config.model
@@ -202,17 +203,18 @@ def write_report(path: str, config: Any, result: dict[str, Any], command: str,
       "over the wall time of those training steps (batches built beforehand, every shape "
       f"compiled before, the layouts taking turns in {b['timed_turns']} slices); packed / "
       f"bucketed = **{p['real_tokens_per_second'] / b['real_tokens_per_second']:.2f}x**.\n")
-  report.write_markdown(
-    path + ".md", "Packed against bucketed training batches",
-    f"Made by `benchmarks/packing.py` (method in its docstring). Dataset "
-    f"`{config.dataset}`, {config.data.tokens_per_batch} tokens per batch and side, buckets "
-    f"{config.data.bucket_lengths}; packed rows of {config.data.packed_source_len} "
+  setting = (
+    f"Dataset `{config.dataset}`, {config.data.tokens_per_batch} tokens per batch and side, "
+    f"buckets {config.data.bucket_lengths}; packed rows of {config.data.packed_source_len} "
     f"source and {config.data.packed_target_len} target positions. Model for the step: "
     f"{m.num_layers} + {m.num_layers} layers, d_model {m.d_model}, d_ff {m.d_ff}, "
-    f"{m.num_heads} heads, vocabulary {m.vocab_size}, attention `{m.attention}`.", command,
-    ["## Results\n", report.markdown_table(["", "bucketed", "packed"], rows), *notes])
-  report.write_json(path + ".json", {"command": command, "hardware": report.hardware(),
-                                     "result": result})
+    f"{m.num_heads} heads, vocabulary {m.vocab_size}, attention `{m.attention}`.\n")
+  return {"title": "Packed against bucketed training batches",
+          "intro": "Made by `benchmarks/packing.py` (method in its docstring), a section per "
+                   "corpus and model (`--section`, by default the config's name).",
+          "body": ["## Results\n", setting,
+                   report.markdown_table(["", "bucketed", "packed"], rows), *notes],
+          "record": {"result": result}}
 
 
 if __name__ == "__main__":
@@ -228,8 +230,10 @@ if __name__ == "__main__":
   _TIMED_TOKENS = flags.DEFINE_integer(
     "timed_tokens_per_batch", 0, "data.tokens_per_batch of the timed steps only (0: the "
     "config's); smaller batches keep the step's memory in bounds on a CPU.")
-  _OUT = flags.DEFINE_string("out", None, "Report path without extension; default "
-                             "benchmarks/results/packing_<config name>.")
+  _OUT = flags.DEFINE_string("out", os.path.join("benchmarks", "results", "packing"),
+                             "Report path without extension (.md and .json).")
+  _SECTION = flags.DEFINE_string("section", None, "The report's section this run writes (the "
+                                 "others are kept); default: the config's name.")
 
   def main(argv: list[str]) -> None:
     del argv
@@ -237,13 +241,14 @@ if __name__ == "__main__":
     if config is None or _WORKDIR.value is None:
       fail("--config and --workdir are required, e.g. --config=configs/numbers.py "
            "--workdir=/tmp/pack_num")
-    out = _OUT.value or os.path.join("benchmarks", "results", f"packing_{config.name}")
     try:
       result = compare_layouts(config, _WORKDIR.value, _BATCHES.value, _TIMED.value,
                                _TIMED_TOKENS.value)
     except UserError as e:
       fail(str(e))
-    write_report(out, config, result, report.command_line(), _BATCHES.value)
-    print(f"wrote {out}.md", flush=True)
+    report.write(_OUT.value, command=report.command_line(),
+                 section=_SECTION.value or config.name,
+                 **report_parts(config, result, _BATCHES.value))
+    print(f"wrote {_OUT.value}.md", flush=True)
 
   app.run(main, flags_parser=flags_parser())

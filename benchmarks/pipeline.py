@@ -169,10 +169,10 @@ def _run_start(label: str, argv: list[str], timeout: float) -> dict[str, Any]:
   return result
 
 
-def write_report(out: str, config: Any, tiny: bool, runs: dict[str, dict[str, Any]],
-                 warm: dict[str, Any], need: dict[str, float], command: str) -> None:
-  """The report: `runs` are the first start and the restart, `warm` the restart with the first
-  start's compilation cache."""
+def report_parts(config: Any, tiny: bool, runs: dict[str, dict[str, Any]],
+                 warm: dict[str, Any], need: dict[str, float]) -> dict[str, Any]:
+  """`report.write`'s title, intro, body and record: `runs` are the first start and the
+  restart, `warm` the restart with the first start's compilation cache."""
   gib = 2.0**30
   rows = []
   for label, run in {**runs, WARM: warm}.items():
@@ -183,15 +183,15 @@ def write_report(out: str, config: Any, tiny: bool, runs: dict[str, dict[str, An
                  f"**{run['to_first_step_seconds']:.1f}**", f"**{data / gib:.2f}**"])
     rows.append([label, "whole process (with imports)", f"{run['process_seconds']:.1f}", ""])
   restart = runs["restart"]
-  report.write_markdown(
-    out + ".md", "The data path at full size: first start and restart",
-    f"Made by `benchmarks/pipeline.py` (method in its docstring). Dataset "
-    f"`{config.dataset}` ({restart['train_examples']:,} training pairs, "
+  setting = (
+    f"Dataset `{config.dataset}` ({restart['train_examples']:,} training pairs, "
     f"{restart['kept_examples']:,} within the length limits), vocabulary "
     f"{config.data.vocab_size}, {config.data.tokens_per_batch} tokens per batch and side, "
     f"buckets {config.data.bucket_lengths}; model "
-    f"{'tiny (1 + 1 layers, d_model 32)' if tiny else 'as configured'}.", command, [
-      "## Results\n", report.markdown_table(["start", "stage", "seconds", "peak RSS (GiB)"], rows),
+    f"{'tiny (1 + 1 layers, d_model 32)' if tiny else 'as configured'}.\n")
+  body = [
+      setting, "## Results\n",
+      report.markdown_table(["start", "stage", "seconds", "peak RSS (GiB)"], rows),
       f"- Peak RSS of the data path is the largest of the stages open ... batch plan. The first "
       f"step adds the step's own buffers: XLA accounts {restart['step_xla_bytes'] / gib:.2f} "
       f"GiB for a batch of shape {restart['first_batch_shape']} (the logits and their gradient "
@@ -224,10 +224,12 @@ def write_report(out: str, config: Any, tiny: bool, runs: dict[str, dict[str, An
       f"evaluation batch shape takes "
       f"{warm['compile_seconds'] / max(restart['compile_seconds'], 1e-9):.2f}x. Both are "
       "part of the first step's stage, with the sharded init (whose program is cached too) and "
-      "one step.\n"])
-  report.write_json(out + ".json", {"command": command, "hardware": report.hardware(),
-                                           "runs": runs, "warm_compilation_cache": warm,
-                                           "need": need})
+      "one step.\n"]
+  return {"title": "The data path at full size: first start and restart",
+          "intro": "Made by `benchmarks/pipeline.py` (method in its docstring), a section per "
+                   "corpus, config and setting (`--section`, by default the config's name).",
+          "body": body,
+          "record": {"runs": runs, "warm_compilation_cache": warm, "need": need}}
 
 
 if __name__ == "__main__":
@@ -241,6 +243,8 @@ if __name__ == "__main__":
   _BATCHES = flags.DEFINE_integer("batches", 1000, "Batches timed for the host's batch rate.")
   _OUT = flags.DEFINE_string("out", os.path.join("benchmarks", "results", "pipeline"),
                              "Report path without extension (.md and .json).")
+  _SECTION = flags.DEFINE_string("section", None, "The report's section this run writes (the "
+                                 "others are kept); default: the config's name.")
   _CHILD = flags.DEFINE_bool("child", False, "Internal: run one start, print its JSON line.")
   _COMPILE_THREADS = flags.DEFINE_integer(
     "compile_threads", 0, "Threads that compile the batch shapes' programs; 0: as training does "
@@ -273,8 +277,9 @@ if __name__ == "__main__":
       shutil.rmtree(caches, ignore_errors=True)
     warm_restart = runs.pop(WARM)
     need = accelerator_batches_per_second(config)
-    write_report(_OUT.value, config, _TINY.value, runs, warm_restart, need,
-                 report.command_line())
+    report.write(_OUT.value, command=report.command_line(),
+                 section=_SECTION.value or config.name,
+                 **report_parts(config, _TINY.value, runs, warm_restart, need))
     print(f"wrote {_OUT.value}.md", flush=True)
 
   app.run(main, flags_parser=flags_parser())

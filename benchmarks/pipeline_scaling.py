@@ -4,19 +4,18 @@
         --data_dir=/tmp/synth_fr_4m5                                # and 18000000 pairs
     python -m benchmarks.pipeline --config=configs/wmt.py:fr_base \\
         --config.data_dir=/tmp/synth_fr_4m5 --workdir=/tmp/pb_fr_4m5 \\
-        --out=benchmarks/results/pipeline_fr_4m5                   # and the same for 18m
-    python -m benchmarks.pipeline_scaling \\
-        --runs=benchmarks/results/pipeline_fr_4m5.json,benchmarks/results/pipeline_fr_18m.json \\
-        --out=benchmarks/results/pipeline_fr
+        --section=fr-4m5                                            # and the same for 18m
+    python -m benchmarks.pipeline_scaling --runs=fr-4m5,fr-18m
 
-Reads the JSON records that `benchmarks/pipeline.py` wrote (one per corpus size: a
-first start on an empty workdir, then a restart) and writes one report: per corpus size, the
-first start and the restart to the first step, the vocabulary's time, the token cache's build
-time and size on disk, and the peak host RSS of every stage; then a linear fit in the number of
-pairs of the first start and of the cache size, extrapolated to `--extrapolate` sizes (the
-paper's 36M pairs and TFDS's 40.8M), and the two promises checked at every measured size: a
-restart reaches the first step within `--restart_limit` seconds and no stage of the data path
-holds more than `--rss_limit_gib` of host memory, and neither grows with the corpus.
+Reads the records that `benchmarks/pipeline.py` wrote, sections `--runs` of `--records` (one
+per corpus size: a first start on an empty workdir, then a restart) and writes one report: per
+corpus size, the first start and the restart to the first step, the vocabulary's time, the
+token cache's build time and size on disk, and the peak host RSS of every stage; then a linear
+fit in the number of pairs of the first start and of the cache size, extrapolated to
+`--extrapolate` sizes (the paper's 36M pairs and TFDS's 40.8M), and the two promises checked at
+every measured size: a restart reaches the first step within `--restart_limit` seconds and no
+stage of the data path holds more than `--rss_limit_gib` of host memory, and neither grows with
+the corpus.
 """
 
 from __future__ import annotations
@@ -115,9 +114,10 @@ def stage_table(rows: list[dict[str, Any]], sizes: list[str], cell: Any) -> str:
   return report.markdown_table(header, body)
 
 
-def write_report(out: str, rows: list[dict[str, Any]], extrapolate: list[int], command: str,
-                 restart_limit: float = 60.0, rss_limit: float = 4.0) -> None:
-  """`out`.md and .json from the summaries of the records (`summary`), by corpus size."""
+def report_parts(rows: list[dict[str, Any]], extrapolate: list[int], command: str,
+                 restart_limit: float = 60.0, rss_limit: float = 4.0) -> dict[str, Any]:
+  """`report.write`'s title, intro, body, record and command (the records' and this report's,
+  `command`) from the summaries of the records (`summary`), by corpus size."""
   sizes = [f"{r['pairs'] / 1e6:.1f}M" for r in rows]
   labels = list(rows[-1]["starts"])
   main_rows = [[
@@ -153,9 +153,9 @@ def write_report(out: str, rows: list[dict[str, Any]], extrapolate: list[int], c
   check_lines = [f"- {'holds' if ok else '**violated**'}: {what} ({why})."
                  for what, ok, why in checks]
   last = rows[-1]
-  report.write_markdown(
-    out + ".md", "The data path against the corpus size: WMT14 English-French",
-    "Made by `benchmarks/pipeline_scaling.py` from the records of "
+  return {
+    "title": "The data path against the corpus size: WMT14 English-French",
+    "intro": "Made by `benchmarks/pipeline_scaling.py` from the records of "
     "`benchmarks/pipeline.py` (method in their docstrings), one per corpus size: "
     "the synthetic `wmt14_translate/fr-en` of `benchmarks/synthetic_wmt.py --pair=fr-en` "
     "(the real TFDS builder and layout, nonsense text with WMT-like lengths) at "
@@ -164,9 +164,9 @@ def write_report(out: str, rows: list[dict[str, Any]], extrapolate: list[int], c
     f"present, an empty JAX compilation cache), and a {WARM} (the first start's compilation "
     "cache: the default, a cache under the local cache root); with a tiny model, so that the "
     "data path dominates.",
-    {**{f"corpus {z} ({r['date']}, load {report.fmt(r['load_avg_1m'])})": r["command"]
-        for z, r in zip(sizes, rows, strict=True)}, "this report": command},
-    [
+    "command": {**{f"corpus {z} ({r['date']}, load {report.fmt(r['load_avg_1m'])})": r["command"]
+                   for z, r in zip(sizes, rows, strict=True)}, "this report": command},
+    "body": [
       "## Results\n",
       report.markdown_table(main_header, main_rows),
       "Peak host RSS per stage (GiB):\n",
@@ -189,22 +189,20 @@ def write_report(out: str, rows: list[dict[str, Any]], extrapolate: list[int], c
       report.markdown_table(["quantity", "slope per 1M pairs", "intercept",
                              *[f"at {n / 1e6:.1f}M pairs" for n in extrapolate]], fit_rows),
     ],
-  )
-  report.write_json(out + ".json", {
-    "command": command, "hardware": report.hardware(), "sizes": rows, "fits": fit_records,
-    "promises": [{"promise": w, "holds": ok, "evidence": why} for w, ok, why in checks],
-  })
+    "record": {
+      "sizes": rows, "fits": fit_records,
+      "promises": [{"promise": w, "holds": ok, "evidence": why} for w, ok, why in checks]},
+  }
 
 
 if __name__ == "__main__":
   from absl import app, flags
 
-  _RUNS = flags.DEFINE_list(
-    "runs",
-    [os.path.join("benchmarks", "results", f"pipeline_fr_{s}.json") for s in ("4m5", "18m")],
-    "JSON records of benchmarks.pipeline, one per corpus size.",
-  )
-  _OUT = flags.DEFINE_string("out", os.path.join("benchmarks", "results", "pipeline_fr"),
+  _RECORDS = flags.DEFINE_string("records", os.path.join("benchmarks", "results", "pipeline.json"),
+                                 "The report of benchmarks.pipeline that holds the runs.")
+  _RUNS = flags.DEFINE_list("runs", ["fr-4m5", "fr-18m"],
+                            "Sections of --records, one per corpus size.")
+  _OUT = flags.DEFINE_string("out", os.path.join("benchmarks", "results", "pipeline_scaling"),
                              "Report path without extension (.md and .json).")
   _EXTRAPOLATE = flags.DEFINE_list("extrapolate", ["36000000", "40836876"],
                                    "Corpus sizes (pairs) to extrapolate the linear fits to.")
@@ -215,12 +213,12 @@ if __name__ == "__main__":
 
   def main(argv: list[str]) -> None:
     del argv
+    sections = report.read_json(_RECORDS.value).get("sections", {})
     records = []
-    for path in _RUNS.value:
-      record = report.read_json(path)
-      if not record:
-        fail(f"--runs: no benchmarks.pipeline record at {path}")
-      records.append(summary(record))
+    for name in _RUNS.value:
+      if name not in sections:
+        fail(f"--runs: no section {name!r} in {_RECORDS.value} (there: {', '.join(sections)})")
+      records.append(summary(sections[name]))
     try:
       extrapolate = [int(float(n)) for n in _EXTRAPOLATE.value]
     except ValueError:
@@ -228,8 +226,8 @@ if __name__ == "__main__":
     rows = sorted(records, key=lambda r: r["pairs"])
     if len({r["pairs"] for r in rows}) < 2:
       fail("--runs: need records at two or more corpus sizes for a fit")
-    write_report(_OUT.value, rows, extrapolate, report.command_line(), _RESTART_LIMIT.value,
-                 _RSS_LIMIT.value)
+    report.write(_OUT.value, **report_parts(rows, extrapolate, report.command_line(),
+                                            _RESTART_LIMIT.value, _RSS_LIMIT.value))
     print(f"wrote {_OUT.value}.md", flush=True)
 
   app.run(main, flags_parser=flags_parser())

@@ -20,17 +20,15 @@ transformer.main --config=... --workdir=...`), `--steps` steps, in two layouts:
 
 taking turns (buckets, default, buckets, default, ...) for `--rounds` rounds, so that a shared
 machine's load falls on both alike; each run starts in an empty workdir with the compilation
-cache off (`compilation_cache_dir=''`), as a first start. Per run, from its `metrics.jsonl` and
-its log:
+cache off (`compilation_cache_dir=''`), as a first start. Per run, from its `metrics.jsonl`:
 
   real tokens/s     real (non-padding) source + target tokens over the wall time of the training
                     steps after the first log window (`--log_every` steps), nothing else inside
                     (evaluation and checkpoints only after the last step)
   real fraction     real tokens over the batches' positions, both sides, all steps
-  to first step     the process's start to the first training step: the first progress line's
-                    log time less the first window's time (1 / train/steps_per_s per step)
-  compile           of which the ahead-of-time compile of every batch shape: from the log line
-                    `Model: ...` (just before it) to the first step
+  to first step     the process's start to the first training step (`startup/seconds`)
+  compile           of which the ahead-of-time compile of every batch shape
+                    (`startup/compile_s`)
   test BLEU         at the end (`test/bleu`), after the same number of steps, not the same
                     time: the layout with more real tokens per batch has seen more examples
 
@@ -39,7 +37,6 @@ The table shows each side's best run and default / buckets. Writes `--out`.md an
 
 from __future__ import annotations
 
-import datetime
 import gettext
 import glob
 import hashlib
@@ -65,9 +62,6 @@ MIN_WORDS, MAX_WORDS = 3, 20
 # A format placeholder (printf's %, Python's and glib's braces) or a control character
 # (tabs, newlines: the pair is not one line of text).
 _NOT_PLAIN = re.compile(r"[%{}\x00-\x1f\x7f]")
-# An absl log line: level, month, day, time, thread, file:line] message.
-_LOG_LINE = re.compile(
-  r"^[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d)\.(\d{6})\s+\d+\s+(\S+?):\d+\] (.*)")
 
 
 # ----------------------------------------------------------------------------- the corpus
@@ -210,20 +204,8 @@ def as_flag(key: str, value: Any) -> str:
   return f"--config.{key}={value}"
 
 
-def log_times(log_text: str, year: int) -> list[tuple[float, str, str]]:
-  """(epoch seconds, file, message) of each absl line of a log written in `year`."""
-  out = []
-  for line in log_text.splitlines():
-    m = _LOG_LINE.match(line)
-    if m:
-      month, day, hh, mm, ss, us = (int(g) for g in m.groups()[:6])
-      t = datetime.datetime(year, month, day, hh, mm, ss, us).timestamp()  # local time
-      out.append((t, m.group(7), m.group(8)))
-  return out
-
-
-def run_summary(records: list[dict[str, Any]], log_text: str, started: float) -> dict[str, Any]:
-  """A finished run's figures (see the module doc) from its metrics.jsonl records and log."""
+def run_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
+  """A finished run's figures (see the module doc) from its metrics.jsonl records."""
   windows, last = [], 0
   for r in records:
     if "train/tokens_per_s" in r:
@@ -234,24 +216,20 @@ def run_summary(records: list[dict[str, Any]], log_text: str, started: float) ->
       last = r["step"]
   if len(windows) < 2:
     raise RuntimeError(f"{len(windows)} log windows in metrics.jsonl; need 2 or more")
+  startup = next((r for r in records if "startup/seconds" in r), None)
+  if startup is None:
+    raise RuntimeError("metrics.jsonl has no startup/seconds (a start that trained no step)")
   timed = windows[1:]
-  lines = log_times(log_text, time.localtime(started).tm_year)
-  progress = [t for t, file, msg in lines if file == "train.py" and msg.startswith("step ")]
-  model = [(t, msg.rpartition("batch shapes ")[2]) for t, file, msg in lines
-           if file == "train.py" and msg.startswith("Model:")]
-  if not progress or not model:
-    raise RuntimeError("the log has no `Model: ...` line or no progress line of train.py")
-  (model_time, shapes), first_step = model[0], progress[0] - windows[0]["seconds"]
   final = next(r for r in reversed(records) if "test/bleu" in r)
   per_step = [w["seconds"] / w["steps"] for w in windows]
   return {
     "real_tokens_per_s": sum(w["real"] for w in timed) / sum(w["seconds"] for w in timed),
     "real_fraction": sum(w["real"] for w in windows) / sum(w["positions"] for w in windows),
-    "to_first_step_s": first_step - started, "compile_s": first_step - model_time,
+    "to_first_step_s": startup["startup/seconds"], "compile_s": startup["startup/compile_s"],
     "first_window_step_s": per_step[0], "later_step_s": sum(w["seconds"] for w in timed) /
     sum(w["steps"] for w in timed), "test_bleu": final["test/bleu"],
-    "eval_perplexity": final.get("eval/perplexity"), "batch_shapes": shapes,
-    "windows": windows,
+    "eval_perplexity": final.get("eval/perplexity"),
+    "batch_shapes": startup.get("startup/batch_shapes"), "windows": windows,
   }
 
 
@@ -279,7 +257,7 @@ def train_once(spec: str, args: list[str], workdir: str, timeout: float) -> dict
     if rc == 2:
       raise UserError(f"{spec}: {last.removeprefix('error: ')}")
     raise RuntimeError(f"exit {rc}: {last[:300]}; log {log_path}")
-  return {**run_summary(read_metrics(workdir), text, started), "wall_s": wall,
+  return {**run_summary(read_metrics(workdir)), "wall_s": wall,
           "workdir": workdir}
 
 
@@ -361,8 +339,9 @@ def best(runs: list[dict[str, Any]]) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- the report
 
 
-def write_report(path: str, command: str, corpus: dict[str, Any] | None,
-                 result: dict[str, Any], steps: int, log_every: int) -> None:
+def report_parts(corpus: dict[str, Any] | None, result: dict[str, Any], steps: int,
+                 log_every: int) -> dict[str, Any]:
+  """`report.write`'s title, intro, body and record of `run_all`'s result."""
   rows, notes = [], []
   summary = {}
   for name, by_layout in result["runs"].items():
@@ -408,24 +387,23 @@ def write_report(path: str, command: str, corpus: dict[str, Any] | None,
     f"the windows after the first; each side's best run (the fastest run's real fraction and "
     "BLEU; the shortest times). Times to the first step include the start of Python, the "
     "vocabulary, the token cache and the compile, in an empty workdir and without the "
-    "compilation cache; they end at the first progress line less its window's time, which "
-    "also holds the first metrics write (under a second).")
-  report.write_markdown(
-    path + ".md", "Real tokens per second: WMT's buckets against the default",
+    "compilation cache, up to the first training step (`startup/seconds` of the run's "
+    "metrics.jsonl).")
+  intro = (
     "Made by `benchmarks/real_tokens.py` (method in its docstring): whole training runs of "
     "`python -m transformer.main`, WMT's fixed buckets (`data.packing=False`) against the "
-    "config as it is (packed rows), the runs taking turns.", command,
-    ["## Corpora\n", "\n".join(corpora_lines) + "\n", "## Results (best of the runs)\n",
+    "config as it is (packed rows), the runs taking turns.")
+  body = ["## Corpora\n", "\n".join(corpora_lines) + "\n", "## Results (best of the runs)\n",
      report.markdown_table(["corpus", "layout", "real tokens/s", "real fraction",
                             "to first step (s)", "compile (s)", "s/step, first window",
                             "s/step, later", "test BLEU"], rows, "llrrrrrrr"),
      *notes, "\n## Every run\n",
      report.markdown_table(["corpus", "layout", "round", "real tokens/s", "real fraction",
                             "to first step (s)", "whole run (s)", "test BLEU"], runs_rows,
-                           "llrrrrrr")])
-  report.write_json(path + ".json", {"command": command, "hardware": report.hardware(),
-                                     "messages": corpus, "steps": steps, "log_every": log_every,
-                                     "summary": summary, **result})
+                           "llrrrrrr")]
+  return {"title": "Real tokens per second: WMT's buckets against the default", "intro": intro,
+          "body": body, "record": {"messages": corpus, "steps": steps, "log_every": log_every,
+                                   "summary": summary, **result}}
 
 
 if __name__ == "__main__":
@@ -477,7 +455,8 @@ if __name__ == "__main__":
     except RuntimeError as e:
       print(f"error: {e}", file=sys.stderr, flush=True)
       sys.exit(1)
-    write_report(_OUT.value, report.command_line(), corpus, result, _STEPS.value, _LOG_EVERY.value)
+    report.write(_OUT.value, command=report.command_line(),
+                 **report_parts(corpus, result, _STEPS.value, _LOG_EVERY.value))
     print(f"wrote {_OUT.value}.md", flush=True)
 
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

@@ -51,31 +51,33 @@ def attention_maps(config: Any, workdir: str, sentence: str, out: str) -> dict[s
   result = {"translation": translation, "checkpoint": label, "maps": len(attn), "path": out,
             "heads": int(attn[0]["weights"].shape[0]), "sentence": sentence, "workdir": workdir,
             "source_pieces": src_labels, "output_pieces": token_labels(tokenizer, tgt)}
-  result["markdown"] = write_markdown(result, config)
+  from experiments import report
+
+  result["markdown"] = report.write(os.path.splitext(out)[0], command=report.command_line(),
+                                    **report_parts(result, config))[0]
   return result
 
 
-def write_markdown(result: dict[str, Any], config: Any) -> str:
-  """`<out>.md` beside the PNG: the command, the model, the machine."""
-  from experiments import report
-
-  path = os.path.splitext(result["path"])[0] + ".md"
+def report_parts(result: dict[str, Any], config: Any) -> dict[str, Any]:
+  """`report.write`'s title, intro, body and record of the maps: the model, the sentence, the
+  figure."""
   m = config.model
   workdir = result["workdir"]
   note = ""
   if os.path.normpath(workdir) != os.path.normpath(os.path.join("runs", "numbers")):
     note = (f"\nThe model is not `runs/numbers` (the README's main command) but `{workdir}`; "
             "see the results README for how it was trained.\n")
-  return report.write_markdown(
-    path, "Attention maps",
+  intro = (
     f"Every head of every layer of `{workdir}` ({result['checkpoint']}; d_model {m.d_model}, "
     f"{m.num_layers} + {m.num_layers} layers, {m.num_heads} heads) for one sentence, made by "
     "`experiments/attention_maps.py` (method in its docstring): the weights are recomputed "
     "from each attention module's recorded inputs and parameters.\n" + note + "\n"
     f"- Source: \"{result['sentence']}\" -> pieces {' '.join(result['source_pieces'])}\n"
     f"- Model's translation: \"{result['translation']}\" -> pieces "
-    f"{' '.join(result['output_pieces'])}\n", report.command_line(),
-    [f"![attention maps]({os.path.basename(result['path'])})\n"])
+    f"{' '.join(result['output_pieces'])}\n")
+  return {"title": "Attention maps", "intro": intro,
+          "body": [f"![attention maps]({os.path.basename(result['path'])})\n"],
+          "record": {k: v for k, v in result.items() if k != "markdown"}}
 
 
 if __name__ == "__main__":

@@ -47,14 +47,14 @@ def decode_caches(base: Any, lengths: list[int]) -> list[dict[str, Any]]:
   return caches
 
 
-def write_report(out_dir: str, commands: dict[str, str], cost: list[dict[str, Any]] | None,
-                 caches: list[dict[str, Any]] | None, lr: dict[str, Any] | None,
-                 fit_from: int) -> list[str]:
-  """The report from the parts there are (cost and caches, long range); returns the paths."""
-  paths = {k: os.path.join(out_dir, f"claims{k}") for k in
-           (".md", ".json", "_parallelism.png", "_long_range.png", "_memory.png")}
-  report.write_json(paths[".json"], {"command": commands, "cost": cost, "decode_cache": caches,
-                                     "long_range": lr})
+FIGURES = ("_parallelism.png", "_long_range.png", "_memory.png")
+
+
+def report_parts(cost: list[dict[str, Any]] | None, caches: list[dict[str, Any]] | None,
+                 lr: dict[str, Any] | None, fit_from: int, path: str) -> dict[str, Any]:
+  """The report from the parts there are (cost and caches, long range): `report.write`'s
+  title, intro, body and record; draws the figures as `path` + FIGURES."""
+  paths = {k: path + k for k in FIGURES}
   body = []
   if cost:
     tables = step_cost.cost_tables(cost, fit_from, memory_digits=2)
@@ -97,12 +97,11 @@ def write_report(out_dir: str, commands: dict[str, str], cost: list[dict[str, An
     _plot(paths["_memory.png"], cost, ("temp_memory_bytes",), caches)
     body.append(f"\n![memory]({os.path.basename(paths['_memory.png'])})\n")
   body += table1_markdown(cost, caches, lr, fit_from)
-  report.write_markdown(
-    paths[".md"], "Attention against recurrence: parallelism, long-range dependencies, memory",
-    "Produced by `experiments/claims.py` (method in its docstring; every record in "
-    "`claims.json`). Transformer and LSTM always have equal parameter counts "
-    "(`model_family.lstm_config_for_params`) and equal training budgets.", commands, body)
-  return [p for p in paths.values() if os.path.exists(p)]
+  return {"title": "Attention against recurrence: parallelism, long-range dependencies, memory",
+          "intro": "Produced by `experiments/claims.py` (method in its docstring; every record "
+                   "in `claims.json`). Transformer and LSTM always have equal parameter counts "
+                   "(`model_family.lstm_config_for_params`) and equal training budgets.",
+          "body": body, "record": {"cost": cost, "decode_cache": caches, "long_range": lr}}
 
 
 def _plot(path: str, cost: list[dict[str, Any]], keys: tuple[str, ...],
@@ -207,7 +206,8 @@ if __name__ == "__main__":
     if not parts or parts - {"cost", "long_range"}:
       fail(f"--part={','.join(_PART.value)}: use cost, long_range or both")
     command = report.command_line()
-    previous = report.read_json(os.path.join(_OUT.value, "claims.json"))
+    path = os.path.join(_OUT.value, "claims")
+    previous = report.read_json(path + ".json")
     commands = dict(previous.get("command") or {})
     cost, caches, lr = (previous.get(k) for k in ("cost", "decode_cache", "long_range"))
     if "cost" in parts:
@@ -218,7 +218,7 @@ if __name__ == "__main__":
         cost = source["cost"]
         commands["parallelism and memory"] = (
           f"{command}\n# cost records read from {_COST_FROM.value}, measured by:\n"
-          f"{(source.get('commands') or {}).get('cost', '?')}")
+          f"{(source.get('command') or {}).get('cost', '?')}")
       else:
         cost = step_cost.cost_sweep(_CONFIG.value, ["xla", "chunked", *step_cost.LSTM_KINDS],
                                     [int(n) for n in _LENGTHS.value], _BATCH.value, _STEPS.value,
@@ -228,8 +228,10 @@ if __name__ == "__main__":
     if "long_range" in parts:
       lr = long_range.run(_LONG_RANGE.value)
       commands["long-range dependencies"] = command
-    paths = write_report(_OUT.value, commands, cost, caches, lr, _FIT_FROM.value)
-    print(f"wrote {', '.join(paths)}", flush=True)
+    paths = report.write(path, command=commands,
+                         **report_parts(cost, caches, lr, _FIT_FROM.value, path))
+    print(f"wrote {', '.join(paths + [path + f for f in FIGURES if os.path.exists(path + f)])}",
+          flush=True)
 
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   app.run(main, flags_parser=flags_parser(config="configs/numbers.py",

@@ -7,9 +7,9 @@ The points come from `configs/sweeps/heads.py` (h in {1, 2, 4, 8, 16, 32} at fix
 d_k = d_v = d_model / h, three seeds) and run with the sweep runner (experiments/sweeps.py: the
 flags of experiments/sweep.py, resuming, `--parallel`).
 
-The report, `experiments/results/heads.md` and `heads.png`, gives per h the mean and standard
-deviation over seeds of validation perplexity, validation and test BLEU, the parameter count
-and the median training-step time, beside the paper's row (A) (Vaswani et al. 2017, Table 3:
+The report, `experiments/results/heads.md` (with `.json` and `.png`), gives per h the mean and
+standard deviation over seeds of validation perplexity, validation and test BLEU, the parameter
+count and the median training-step time, beside the paper's row (A) (Vaswani et al. 2017, Table 3:
 WMT14 en-de newstest2013, base model, 100k steps).
 """
 
@@ -79,14 +79,12 @@ def summarize_by_heads(rows: list[SweepRow], d_model: int) -> list[dict[str, Any
   return out
 
 
-def report(sweep: sweeps.Sweep, rows: list[SweepRow], command: str,
-           results_dir: str) -> list[str]:
-  """Writes `<name>.md` and `<name>.png` (the sweep name: heads, or heads-wmt)."""
+def report_parts(sweep: sweeps.Sweep, rows: list[SweepRow], png_path: str) -> dict[str, Any]:
+  """The report of the sweep's rows (`report.write`'s title, intro, body and record); draws
+  its figure into `png_path`."""
   cfg = sweep.config
   d_model = int(cfg.model.d_model)
   groups = summarize_by_heads(rows, d_model)
-  md_path, png_path = (os.path.join(results_dir, f"{sweep.name}{e}") for e in (".md", ".png"))
-  os.makedirs(results_dir, exist_ok=True)
   _plot(groups, rows, png_path)
   fmt = report_lib.fmt
   table = [[g["h"], g["d_k"], f"{g['seeds']}/{g['of']}", _pm(g["ppl"], 3), _pm(g["bleu"], 2),
@@ -101,7 +99,7 @@ def report(sweep: sweeps.Sweep, rows: list[SweepRow], command: str,
   spec = f"{sweep.path}{':' + sweep.arg if sweep.arg else ''}"
   decode = cfg.decode
   unfinished = [r["name"] for r in rows if not r["finished"]]
-  report_lib.write_markdown(md_path, f"Number of attention heads (Table 3, row A): `{sweep.name}`",
+  intro = (
     f"Each point trains the model of `{spec}` with `train_and_evaluate` (d_model {d_model}, "
     f"{cfg.model.num_layers} + {cfg.model.num_layers} layers, d_ff {cfg.model.d_ff}, "
     f"{cfg.num_train_steps} steps of about {cfg.data.tokens_per_batch} tokens per side, "
@@ -118,7 +116,8 @@ def report(sweep: sweeps.Sweep, rows: list[SweepRow], command: str,
     "The paper's columns are " + PAPER_CITATION + ". They are WMT numbers for a 512-wide "
     "model trained for 12 hours on 8 GPUs and are shown for their trend only: the absolute "
     "values are not comparable with a 128-wide model on the numbers corpus. The paper has no "
-    "h = 2 row.", command, [
+    "h = 2 row.")
+  body = [
       "## Results\n",
       f"Training time of all points: {wall / 60:.1f} min (sum of the points' wall times).\n",
       report_lib.markdown_table(["h", "d_k = d_v", "seeds", "valid PPL", "valid BLEU",
@@ -128,8 +127,9 @@ def report(sweep: sweeps.Sweep, rows: list[SweepRow], command: str,
       report_lib.markdown_table(["point", "h", "seed", "step", "valid PPL", "valid BLEU",
                                  "test BLEU", "step (ms)", "wall (s)"], per_point),
     ] + ([f"\nUnfinished points (no test/bleu yet): {', '.join(unfinished)}.\n"]
-         if unfinished else []))
-  return [md_path, png_path]
+         if unfinished else [])
+  return {"title": f"Number of attention heads (Table 3, row A): `{sweep.name}`",
+          "intro": intro, "body": body, "record": {"groups": groups, "rows": rows}}
 
 
 def _plot(groups: list[dict[str, Any]], rows: list[SweepRow], path: str) -> None:
@@ -171,4 +171,5 @@ if __name__ == "__main__":
 
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   FLAGS = sweeps.define_flags(default_sweep="configs/sweeps/heads.py")
-  app.run(lambda argv: sweeps.main(argv, FLAGS, report=report), flags_parser=flags_parser())
+  app.run(lambda argv: sweeps.main(argv, FLAGS, report=report_parts),
+          flags_parser=flags_parser())

@@ -1,6 +1,10 @@
-"""Report helpers shared by the experiments: the machine, the command, tables, figures.
+"""Reports of the experiments and the benchmarks: the one writer of a result (`write`), the
+machine, the command, tables, figures.
 
-A library without flags: every experiment that writes a report imports it.
+Every result is `NAME.md` beside `NAME.json`, each with the command that made it, the date,
+the CPU and its kind and the rest of the machine. A question with variants (the same
+benchmark with huge pages or AVX2 kernels, on another corpus) is one report with a section per
+variant: re-running one variant replaces its section and keeps the others.
 """
 
 from __future__ import annotations
@@ -8,6 +12,7 @@ from __future__ import annotations
 import datetime
 import os
 import platform
+import re
 import shlex
 import sys
 from collections.abc import Sequence
@@ -174,8 +179,6 @@ def public_path(path: str) -> str:
 def public_command(command: str, hide: Sequence[str] = ()) -> str:
   """A command without this machine's paths, for a report: the values of the `hide` flags as
   PY, every other absolute path (after `=` or `,`, or a whole word) through `public_path`."""
-  import re
-
   words = shlex.split(command)
   for i, word in enumerate(words):
     flag = word.split("=", 1)[0]
@@ -227,32 +230,71 @@ def save_figure(fig: Any, path: str, dpi: int = 120) -> None:
   plt.close(fig)
 
 
-def write_markdown(path: str, title: str, intro: str, commands: str | dict[str, str],
-                   body: Sequence[str], machine_note: str = "") -> str:
-  """Writes a report: `# title`, the intro, the command(s), `## Machine`, then `body`.
+def _demote(text: str) -> str:
+  """Markdown headings one level deeper (a report's body inside a section); code blocks as
+  they are."""
+  lines, code = [], False
+  for line in text.split("\n"):
+    code ^= line.startswith("```")
+    lines.append("#" + line if not code and re.match(r"#{1,5} ", line) else line)
+  return "\n".join(lines)
 
-  `commands` is one command, or {part: command} when parts of the report ran separately.
-  """
-  if isinstance(commands, str):
-    cmd = ["## Command\n", f"```\n{commands}\n```\n"]
+
+def _run_markdown(command: str | dict[str, str], body: Sequence[str], machine_note: str,
+                  hw: dict[str, Any]) -> str:
+  """The command(s), `## Machine` and the body of one run."""
+  if isinstance(command, str):
+    cmd = ["## Command\n", f"```\n{command}\n```\n"]
   else:
-    cmd = ["## Commands\n"] + [f"{part}:\n\n```\n{c}\n```\n" for part, c in commands.items()]
-  text = [f"# {title}\n", intro + "\n", *cmd, "## Machine\n",
-          hardware_markdown(hardware()) + machine_note, *body]
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  with open(path, "w") as f:
-    f.write("\n".join(text))
-  return path
+    cmd = ["## Commands\n"] + [f"{part}:\n\n```\n{c}\n```\n" for part, c in command.items()]
+  return "\n".join([*cmd, "## Machine\n", hardware_markdown(hw) + machine_note, *body])
 
 
-def write_json(path: str, data: Any) -> str:
-  """Writes `data` as indented JSON to `path` (making its directory); returns the path."""
+SECTION = re.compile(r"<!-- section: (.+?) -->\n(.*?)<!-- end of section: \1 -->\n", re.DOTALL)
+
+
+def sections(markdown: str) -> dict[str, str]:
+  """{name: markdown} of the sections of a report, in order."""
+  return {m[1]: m[2] for m in SECTION.finditer(markdown)}
+
+
+def write(path: str, title: str, intro: str, command: str | dict[str, str], body: Sequence[str],
+          record: dict[str, Any] | None = None, *, section: str | None = None,
+          machine_note: str = "") -> list[str]:
+  """Writes a result: `path`.md and `path`.json (`path` without extension); returns both.
+
+  The markdown is `# title`, the intro, the command (or {part: command} when parts ran
+  separately), `## Machine` (date, CPU, its kind, cores, load, JAX: `hardware_markdown`, then
+  `machine_note`) and `body`; the JSON is {"command", "hardware", **record}.
+
+  With `section`, the run is one variant of the question: `## section` holds its command,
+  machine and body (headings one level down), and the JSON's "sections"[section] its
+  {"command", "hardware", **record}. The report's other sections are kept as they are, this
+  one is replaced in place, or added at the end; title and intro are the latest run's.
+  """
   import json
 
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  with open(path, "w") as f:
+  hw = hardware()
+  run = {"command": command, "hardware": hw, **(record or {})}
+  text = _run_markdown(command, body, machine_note, hw)
+  md_path, json_path = path + ".md", path + ".json"
+  os.makedirs(os.path.dirname(os.path.abspath(md_path)), exist_ok=True)
+  if section is None:
+    markdown, data = f"# {title}\n\n{intro}\n\n{text}", run
+  else:
+    old = open(md_path, encoding="utf-8").read() if os.path.exists(md_path) else ""
+    parts = sections(old)
+    parts[section] = f"## {section}\n\n{_demote(text).rstrip()}\n\n"
+    markdown = f"# {title}\n\n{intro}\n\n" + "".join(
+      f"<!-- section: {name} -->\n{part}<!-- end of section: {name} -->\n\n"
+      for name, part in parts.items())
+    data = read_json(json_path)
+    data = {"title": title, "sections": {**data.get("sections", {}), section: run}}
+  with open(md_path, "w", encoding="utf-8") as f:
+    f.write(markdown.rstrip() + "\n")
+  with open(json_path, "w", encoding="utf-8") as f:
     json.dump(data, f, indent=1)
-  return path
+  return [md_path, json_path]
 
 
 def read_json(path: str) -> dict[str, Any]:

@@ -118,11 +118,10 @@ def quality_markdown(quality: dict[str, Any]) -> list[str]:
   ]
 
 
-def write_report(out_dir: str, commands: dict[str, str], cost: list[dict[str, Any]] | None,
-                 quality: dict[str, Any] | None, fit_from: int) -> list[str]:
-  """seq_len.md, seq_len.png and seq_len.json from the parts that ran (commands by part)."""
-  paths = [os.path.join(out_dir, f"seq_len{ext}") for ext in (".md", ".png", ".json")]
-  report.write_json(paths[2], {"commands": commands, "cost": cost, "quality": quality})
+def report_parts(cost: list[dict[str, Any]] | None, quality: dict[str, Any] | None,
+                 fit_from: int, png_path: str) -> dict[str, Any]:
+  """The report of the parts there are (`report.write`'s title, intro, body and record); draws
+  the figure into `png_path`."""
   body = []
   if cost:
     tables = step_cost.cost_tables(cost, fit_from)
@@ -140,13 +139,12 @@ def write_report(out_dir: str, commands: dict[str, str], cost: list[dict[str, An
   if quality:
     body += quality_markdown(quality)
   if cost or quality:
-    _plot(cost, quality, paths[1])
-    body.append(f"\n![seq_len]({os.path.basename(paths[1])})\n")
-  report.write_markdown(
-    paths[0], "Sequence length: cost of a training step, and translating longer sentences",
-    "Produced by `experiments/seq_len.py` (method in its docstring and in "
-    "`experiments/step_cost.py`); every record is in `seq_len.json`.", commands, body)
-  return [p for p in paths if os.path.exists(p)]
+    _plot(cost, quality, png_path)
+    body.append(f"\n![seq_len]({os.path.basename(png_path)})\n")
+  return {"title": "Sequence length: cost of a training step, and translating longer sentences",
+          "intro": "Produced by `experiments/seq_len.py` (method in its docstring and in "
+                   "`experiments/step_cost.py`); every record is in `seq_len.json`.",
+          "body": body, "record": {"cost": cost, "quality": quality}}
 
 
 def _plot(cost: list[dict[str, Any]] | None, quality: dict[str, Any] | None, path: str) -> None:
@@ -200,8 +198,9 @@ if __name__ == "__main__":
       fail(f"--part={','.join(_PART.value)}: use cost, quality or both")
     command = report.command_line()
     # A part that does not run keeps its results (and command) from the last run.
-    old = report.read_json(os.path.join(_OUT.value, "seq_len.json"))
-    commands = dict(old.get("commands") or {})
+    path = os.path.join(_OUT.value, "seq_len")
+    old = report.read_json(path + ".json")
+    commands = dict(old.get("command") or {})
     cost, quality = old.get("cost"), old.get("quality")
     try:
       if "cost" in parts:
@@ -215,7 +214,8 @@ if __name__ == "__main__":
         commands["quality"] = command
     except (UserError, ValueError) as e:
       fail(str(e))
-    paths = write_report(_OUT.value, commands, cost, quality, _FIT_FROM.value)
+    paths = report.write(path, command=commands,
+                         **report_parts(cost, quality, _FIT_FROM.value, path + ".png"))
     print(f"wrote {', '.join(paths)}", flush=True)
 
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

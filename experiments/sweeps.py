@@ -21,7 +21,7 @@ does that), so an interrupted sweep continues where it stopped when the same com
 again. Ctrl-C (or SIGTERM to the process group) reaches the children, which save a checkpoint
 before they exit.
 
-The report, `<results>/<name>.md` and `<name>.png` (results `experiments/results`), holds a
+The report, `<results>/<name>.md`, `.json` and `.png` (results `experiments/results`), holds a
 table of every point's final metrics (validation perplexity, validation and test BLEU,
 parameters, median training-step time), the exact command, and the hardware.
 """
@@ -250,10 +250,9 @@ def collect(sweep: Sweep, root: str) -> list[dict[str, Any]]:
   return rows
 
 
-def default_report(sweep: Sweep, rows: list[dict[str, Any]], command: str,
-                   results_dir: str) -> list[str]:
-  """Writes `<name>.md` (a table of every point) and `<name>.png`; returns the paths."""
-  md_path, png_path = (os.path.join(results_dir, f"{sweep.name}{e}") for e in (".md", ".png"))
+def default_report(sweep: Sweep, rows: list[dict[str, Any]], png_path: str) -> dict[str, Any]:
+  """A table of every point (`report.write`'s title, intro, body and record); draws the
+  points' final metrics into `png_path`."""
   keys = list(dict.fromkeys(k for r in rows for k in r["overrides"]))
   fmt = report_lib.fmt
   table = [[r["name"], *[fmt(r["overrides"].get(k)) for k in keys], fmt(r["step"]),
@@ -261,12 +260,12 @@ def default_report(sweep: Sweep, rows: list[dict[str, Any]], command: str,
             f"{r['params']:,}", fmt(None if r["step_s"] is None else 1e3 * r["step_s"], 1)]
            for r in rows]
   unfinished = [r["name"] for r in rows if not r["finished"]]
-  report_lib.write_markdown(
-    md_path, f"Sweep `{sweep.name}`",
+  intro = (
     f"Points of `{sweep.path}{':' + sweep.arg if sweep.arg else ''}` (`sweep()` in it), each "
     "trained with `train_and_evaluate` in its own workdir, by `experiments/sweep.py`. valid = "
     "the config's validation split (BLEU on its first `eval_bleu_sentences`), step (ms) = "
-    "median training-step time over the logged windows after the first.", command,
+    "median training-step time over the logged windows after the first.")
+  body = (
     ["## Results\n", report_lib.markdown_table(
       ["point", *keys, "step", "valid PPL", "valid BLEU", "test BLEU", "params", "step (ms)"],
       table)]
@@ -288,7 +287,8 @@ def default_report(sweep: Sweep, rows: list[dict[str, Any]], command: str,
     ax.set(xlabel=x_key or "point", title=label)
     ax.grid(alpha=0.3)
   report_lib.save_figure(fig, png_path)
-  return [md_path, png_path]
+  return {"title": f"Sweep `{sweep.name}`", "intro": intro, "body": body,
+          "record": {"rows": rows}}
 
 
 def run_points(sweep_spec: str, sweep: Sweep, root: str, parallel: int,
@@ -361,7 +361,8 @@ def child_main(sweep_spec: str, sweep_name: str, root: str, point_name_: str,
   return 0
 
 
-Report = Callable[[Sweep, list[dict[str, Any]], str, str], list[str]]
+# (sweep, rows, the figure's path) -> `report.write`'s title, intro, body and record.
+Report = Callable[[Sweep, list[dict[str, Any]], str], dict[str, Any]]
 
 
 def main(argv: Sequence[str], flags: types.SimpleNamespace,
@@ -393,7 +394,9 @@ def main(argv: Sequence[str], flags: types.SimpleNamespace,
             flush=True)
       sys.exit(130)
   rows = collect(sweep, root)
-  paths = report(sweep, rows, command, flags.results.value)
+  path = os.path.join(flags.results.value, sweep.name)
+  paths = report_lib.write(path, command=command, **report(sweep, rows, path + ".png"))
+  paths.append(path + ".png")
   print(f"[sweep {sweep.name}] {sum(r['finished'] for r in rows)}/{len(rows)} points finished "
         f"({time.time() - t0:.0f} s); wrote {', '.join(paths)}", flush=True)
   if failed:

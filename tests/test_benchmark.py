@@ -179,7 +179,7 @@ def test_compare_peer_alternates_and_reports_ratios(tmp_path):
     cwd=ROOT, capture_output=True, text=True, timeout=600,
   )
   assert proc.returncode == 0, proc.stderr[-3000:]
-  records = [json.loads(line) for line in (tmp_path / "cmp.jsonl").read_text().splitlines()]
+  records = json.loads((tmp_path / "cmp.json").read_text())["sections"]["default"]["records"]
   assert [(r["round"], r["shape"], r["variant"], r["program"]) for r in records] == [
     (0, "custom", v, p) for v in ("base", "no_dropout") for p in ("ours", "peer")]
   ours = [r["tokens_per_s"] for r in records if r["program"] == "ours" and r["variant"] == "base"]
@@ -321,9 +321,8 @@ def test_compare_peer_uses_the_repository_peer_and_writes_no_local_paths():
 def test_the_peer_comparison_points_nowhere_outside_the_repository():
   """The peer used to live outside the repository (`../../shared/peers/...`)."""
   for name in ("benchmarks/compare_peer.py", "benchmarks/torch_peer.py",
-               "benchmarks/results/benchmark_vs_peer_dropout.md",
-               "benchmarks/results/benchmark_vs_peer.md",
-               "benchmarks/results/benchmark_vs_peer.jsonl"):
+               "benchmarks/results/train_step_vs_torch.md",
+               "benchmarks/results/train_step_vs_torch.json"):
     with open(os.path.join(ROOT, name), encoding="utf-8") as f:
       text = f.read()
     for outside in ("shared/peers", "torch_transformer_step", "/work/", '"..", ".."'):

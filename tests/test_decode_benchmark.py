@@ -35,7 +35,7 @@ def test_benchmark_main_tiny(tmp_path):
   path = tmp_path / "decode.md"
   cmd = [sys.executable, "-m", "benchmarks.decode", "--config=configs/numbers.py:tiny",
          "--config.model.share_embeddings=False", f"--batch_size={B}", f"--src_len={S}",
-         f"--out_len={T}", f"--beam_size={K}", "--repeats=1", f"--report={path}"]
+         f"--out_len={T}", f"--beam_size={K}", "--repeats=1", f"--out={path.with_suffix('')}"]
   env = {**os.environ, "XLA_FLAGS": FAST_COMPILE, "JAX_PLATFORMS": "cpu"}
   proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
   assert proc.returncode == 0, proc.stderr[-3000:]
@@ -115,7 +115,8 @@ def test_peer_ctranslate2_tiny(tmp_path):
   path = tmp_path / "peer.md"
   cmd = [sys.executable, "-m", "benchmarks.decode", "--config=configs/numbers.py:tiny",
          "--peer=ctranslate2", "--peer_batch_sizes=3,1", f"--src_len={S}", f"--out_len={T}",
-         f"--beam_size={K}", "--repeats=1", "--warmup=0", "--threads=1", f"--report={path}"]
+         f"--beam_size={K}", "--repeats=1", "--warmup=0", "--threads=1",
+         f"--out={path.with_suffix('')}"]
   env = {**os.environ, "XLA_FLAGS": FAST_COMPILE, "JAX_PLATFORMS": "cpu"}
   proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
   assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]

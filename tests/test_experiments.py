@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from configs import numbers
-from experiments import attention_weights, heads, measure, seq_len, step_cost, tasks
+from experiments import attention_weights, heads, measure, report, seq_len, step_cost, tasks
 from experiments import sweeps as sweep
 from tests.xla_flags import FAST_COMPILE
 from transformer.model_family import param_count
@@ -170,12 +170,16 @@ def test_heads_report_from_rows(tmp_path):
   groups = heads.summarize_by_heads(rows, 128)
   assert [g["h"] for g in groups] == [1, 2, 4, 8, 16, 32]
   assert groups[0]["d_k"] == 128 and groups[-1]["d_k"] == 4 and groups[-1]["seeds"] == 2
-  paths = heads.report(s, rows, "python -m experiments.heads", str(tmp_path))
+  paths = report.write(str(tmp_path / "heads"), command="python -m experiments.heads",
+                       **heads.report_parts(s, rows, str(tmp_path / "heads.png")))
   md = open(paths[0]).read()
   assert "| 1 | 128 | 3/3 | 2.110 ± 0.100 | 21.00 ± 1.00 |" in md
   assert "5.29" in md and "24.9" in md and "Vaswani" in md
   assert "Unfinished points (no test/bleu yet): h32-seed2" in md
-  assert os.path.getsize(paths[1]) > 0
+  assert os.path.getsize(tmp_path / "heads.png") > 0
+  record = json.load(open(paths[1]))  # the same result, with the command and the machine
+  assert record["command"] == "python -m experiments.heads" and record["hardware"]["cpu_kind"]
+  assert [g["h"] for g in record["groups"]] == [1, 2, 4, 8, 16, 32]
 
 
 # ----------------------------------------------------------------------------- seq_len
@@ -223,8 +227,8 @@ def test_reports_from_records(tiny_cost, tmp_path):
   quality = {"sweep": "s.py", "sweep_name": "s", "sentences": 5, "beam_size": 1,
              "models": [{"point": "max16", "max_len": 16, "step": 3, "train_kept": 7,
                          "train_total": 9, "eval": {"bleu_all": 30.0, "bins": bins}}]}
-  paths = seq_len.write_report(str(tmp_path), {"cost": "c1", "quality": "c2"}, tiny_cost,
-                               quality, 8)
+  paths = report.write(str(tmp_path / "seq_len"), command={"cost": "c1", "quality": "c2"},
+                       **seq_len.report_parts(tiny_cost, quality, 8, str(tmp_path / "s.png")))
   md = open(paths[0]).read()
   assert "c1" in md and "c2" in md and "| 16 |" in md and "not timed" in md
   assert "| 16 | 7 / 9 | 3 | 30.00 | 50.00 | 10.00 * |" in md
@@ -234,7 +238,9 @@ def test_reports_from_records(tiny_cost, tmp_path):
   lr = {"settings": long_range.get_config().to_dict(),
         "runs": [{"distribution": "uniform", "models": models}]}
   caches = [{"kind": k, "n": n, "bytes": 10 * n} for k in ("transformer", "lstm") for n in (8, 16)]
-  paths = claims.write_report(str(tmp_path), {"cost": "c3"}, tiny_cost, caches, lr, 8)
+  paths = report.write(str(tmp_path / "claims"), command={"cost": "c3"},
+                       **claims.report_parts(tiny_cost, caches, lr, 8, str(tmp_path / "claims")))
+  paths += [str(tmp_path / f"claims{f}") for f in claims.FIGURES]
   md = open(paths[0]).read()
   assert "O(n^2 d)" in md and "accuracy 0.12 at d=400 (uniform)" in md and "| lstm |" in md
   assert all(os.path.getsize(p) > 0 for p in paths)

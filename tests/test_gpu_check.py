@@ -16,10 +16,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_gpu_check_smoke(tmp_path):
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": FAST_COMPILE}
   proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--smoke",
-                         f"--out={tmp_path}", "--timeout_s=300"], cwd=ROOT, env=env,
+                         f"--out={tmp_path / 'gpu'}", "--timeout_s=300"], cwd=ROOT, env=env,
                         capture_output=True, text=True, timeout=1200)
   assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-  result = json.loads((tmp_path / "gpu.json").read_text())
+  (result,) = json.loads((tmp_path / "gpu.json").read_text())["sections"].values()
   assert [(r["attention"], r["rows"]) for r in result["train"]] == [
     (a, rows) for a in ("xla", "cudnn") for rows in ("bucketed", "packed")]
   for r in result["train"]:

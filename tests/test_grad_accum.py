@@ -203,6 +203,9 @@ def test_memory_falls_with_k_and_the_experiment_reports_it(tmp_path):
   assert len(timing[0]["losses"]) == 4  # the untimed round, then the timed one
   assert len(timing[0]["step_s"]) == 1 and timing[0]["micro_batch_rows"] == 4
   config = numbers_config.get_config("tiny")
-  accum_memory.write_report(str(tmp_path / "r"), config, config, memory, timing, "python -m x")
+  from experiments import report
+
+  report.write(str(tmp_path / "r"), command="python -m x",
+               **accum_memory.report_parts(config, config, memory, timing))
   text = (tmp_path / "r.md").read_text()
   assert "| 4 | 4 |" in text and "## Step time" in text and "python -m x" in text

@@ -19,7 +19,8 @@ def run_benchmark(tmp_path, *args):
 def test_both_layouts_are_counted_timed_and_reported(tmp_path):
   proc = run_benchmark(tmp_path, "--batches=10", "--timed_steps=4")
   assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-  result = json.loads((tmp_path / "packing.json").read_text())["result"]
+  report = json.loads((tmp_path / "packing.json").read_text())
+  result = report["sections"]["numbers-tiny"]["result"]
   bucketed, packed = result["bucketed"], result["packed"]
   assert result["train_examples"] == 2000
   assert bucketed["kept_examples"] == packed["kept_examples"] > 0  # the same filter

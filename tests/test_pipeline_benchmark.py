@@ -21,7 +21,7 @@ def test_first_start_and_restart_are_reported_stage_by_stage(tmp_path):
   proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900,
                         env=dict(os.environ, XLA_FLAGS=FAST_COMPILE))
   assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-  record = json.loads(out.with_suffix(".json").read_text())
+  record = json.loads(out.with_suffix(".json").read_text())["sections"]["numbers-tiny"]
   runs = record["runs"]
   assert list(runs) == ["first start", "restart"]
   for run in runs.values():
@@ -43,12 +43,12 @@ def test_first_start_and_restart_are_reported_stage_by_stage(tmp_path):
 
 
 def test_scaling_report_fits_the_sizes_and_checks_the_promises(tmp_path):
-  # The committed English-French records at two corpus sizes, as the report's inputs.
-  runs = [os.path.join(REPO, "benchmarks", "results", f"pipeline_fr_{s}.json")
-          for s in ("4m5", "18m")]
+  # The committed English-French records at two corpus sizes (sections of the pipeline
+  # report), as the report's inputs.
+  records = os.path.join(REPO, "benchmarks", "results", "pipeline.json")
   out = tmp_path / "scaling"
-  cmd = [sys.executable, "-m", "benchmarks.pipeline_scaling", f"--runs={','.join(runs)}",
-         f"--out={out}", "--extrapolate=36000000"]
+  cmd = [sys.executable, "-m", "benchmarks.pipeline_scaling", f"--records={records}",
+         "--runs=fr-4m5,fr-18m", f"--out={out}", "--extrapolate=36000000"]
   proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   record = json.loads(out.with_suffix(".json").read_text())
@@ -57,7 +57,7 @@ def test_scaling_report_fits_the_sizes_and_checks_the_promises(tmp_path):
   assert all(isinstance(p["holds"], bool) for p in record["promises"])
   md = out.with_suffix(".md").read_text()
   assert "## Promises" in md and "at 36.0M pairs" in md
-  bad = subprocess.run([*cmd[:3], f"--runs={tmp_path / 'none.json'},{runs[0]}"], cwd=REPO,
+  bad = subprocess.run([*cmd[:4], "--runs=fr-none,fr-4m5"], cwd=REPO,
                        capture_output=True, text=True, timeout=300)
   errors = [ln for ln in bad.stderr.splitlines() if ln.startswith("error:")]
-  assert bad.returncode == 2 and len(errors) == 1 and "none.json" in errors[0]
+  assert bad.returncode == 2 and len(errors) == 1 and "fr-none" in errors[0]

@@ -1,7 +1,6 @@
 """benchmarks.real_tokens: the message-catalogue corpus, the runs' plans and figures, one line for
 a missing catalogue directory, and the command end to end (no speed asserted)."""
 
-import datetime
 import hashlib
 import json
 import os
@@ -114,36 +113,30 @@ def test_the_buckets_run_sets_wmt_buckets_and_the_default_run_keeps_the_config()
     rt.plan_runs({"numbers": ("configs/numbers.py", numbers, {})}, 15, 1, 10, "/tmp/rt")
 
 
-def test_a_runs_figures_come_from_its_metrics_and_log_times():
+def test_a_runs_figures_come_from_its_metrics():
   records = [
     {"step": 2, "train/steps_per_s": 1.0, "train/tokens_per_s": 100.0,
-     "train/real_token_fraction": 0.5},
+     "train/real_token_fraction": 0.5, "startup/seconds": 40.0, "startup/compile_s": 9.5,
+     "startup/batch_shapes": "[(32, 64, 42)]"},
     {"step": 6, "train/steps_per_s": 2.0, "train/tokens_per_s": 300.0,
      "train/real_token_fraction": 0.75},
     {"step": 10, "train/steps_per_s": 4.0, "train/tokens_per_s": 500.0,
      "train/real_token_fraction": 1.0},
     {"step": 10, "eval/perplexity": 3.0, "eval/bleu": 11.0, "test/bleu": 12.5},
   ]
-  started = datetime.datetime(2026, 3, 1, 10, 0, 0).timestamp()
-  log = "\n".join([
-    "I0301 10:00:01.000000 1400 main.py:120] step 1 is not a progress line of train.py",
-    "I0301 10:00:30.500000 1400 train.py:361] Model: 1,000 parameters; mesh {'data': 1}; "
-    "batch shapes [(32, 64, 42)]",
-    "some other output",
-    "I0301 10:00:42.000000 1400 train.py:290] step 2/10  loss 5.0",
-    "I0301 10:00:44.250000 1400 train.py:290] step 6/10  loss 4.0",
-  ])
-  s = rt.run_summary(records, log, started)
+  s = rt.run_summary(records)
   # Windows: 2 steps in 2 s (200 real of 400), 4 in 2 s (600 of 800), 4 in 1 s (500 of 500).
   assert s["real_tokens_per_s"] == pytest.approx((600 + 500) / 3)
   assert s["real_fraction"] == pytest.approx(1300 / 1700)
-  assert s["to_first_step_s"] == pytest.approx(40.0)  # 42 s less the first window's 2 s
-  assert s["compile_s"] == pytest.approx(9.5)
+  assert s["to_first_step_s"] == 40.0 and s["compile_s"] == 9.5
   assert s["first_window_step_s"] == pytest.approx(1.0)
   assert s["later_step_s"] == pytest.approx(3 / 8)
   assert s["test_bleu"] == 12.5 and s["batch_shapes"] == "[(32, 64, 42)]"
   with pytest.raises(RuntimeError, match="1 log windows"):
-    rt.run_summary(records[:1] + records[3:], log, started)
+    rt.run_summary(records[:1] + records[3:])
+  with pytest.raises(RuntimeError, match="startup/seconds"):
+    rt.run_summary([{k: v for k, v in r.items() if not k.startswith("startup/")}
+                    for r in records])
 
 
 def run_command(tmp_path, *args, timeout=900):

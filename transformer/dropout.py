@@ -5,7 +5,7 @@ instead splits each 32-bit random word into 32 // bits lanes and compares each l
 threshold: 4x fewer hashes with 8-bit lanes, and a mask that the backward pass can keep
 as one byte per element. On the base model's training step (on CPU) the 8-bit masks took
 192 MiB less temporary memory than 32-bit ones, at the same speed
-(benchmarks/results/benchmark_vs_peer_dropout.md).
+(benchmarks/results/train_step_vs_torch.md#dropout).
 
 The price is resolution: the drop probability becomes round(rate * 2^bits) / 2^bits (8 bits:
 0.1 -> 26/256 = 0.1016; 16 bits: 0.100006; 32 bits: exact to 2^-32). Kept values are scaled by

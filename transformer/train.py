@@ -223,6 +223,13 @@ class _StopSignal:
       signal.signal(sig, handler)
 
 
+def process_start_time() -> float:
+  """When this process started, in seconds since the epoch (psutil comes with Orbax)."""
+  import psutil
+
+  return psutil.Process().create_time()
+
+
 def every(step: int, period: int, last: int) -> bool:
   """Whether something done every `period` steps (0: never) is due after `step`, before `last`."""
   return bool(period) and step % period == 0 and step < last
@@ -383,10 +390,15 @@ def _train_and_evaluate(config: Any, workdir: str, model_config: ModelConfig,
                        step, config.num_train_steps)
     # Every batch shape of training and evaluation, compiled now rather than when it first
     # comes up in the loop; and the learning rate's few eager operations.
+    compile_start = time.time()
     if step < config.num_train_steps:
       trainer.precompile(data.train.shapes(),
                          eval_shapes(data.eval["validation"] + data.eval["test"]))
       trainer.learning_rate(step)
+    # With the first log window's record: how long this start took (read by benchmarks).
+    startup = {"startup/seconds": time.time() - process_start_time(),
+               "startup/compile_s": time.time() - compile_start,
+               "startup/batch_shapes": str(data.train.shapes())}
     kind = jax.devices()[0].device_kind
     peak = hardware.peak_of(kind)  # None on a CPU: no MFU
     if peak is not None:
@@ -405,7 +417,8 @@ def _train_and_evaluate(config: Any, workdir: str, model_config: ModelConfig,
       meter.step(metrics, batch["inputs"].size + batch["targets"].size)
       step += 1
       if step % config.log_every_steps == 0 or step == config.num_train_steps:
-        record = meter.record(step, trainer.learning_rate(step - 1))
+        record = {**meter.record(step, trainer.learning_rate(step - 1)), **startup}
+        startup = {}
         writer.write(step, record)
         log_progress(record, step, config.num_train_steps)
         check_nonfinite(config, state)

@@ -25,7 +25,7 @@ took; a later epoch that packs its permutation in fewer steps continues from its
 (a few examples twice), one that needs more leaves its last examples (random ones) to the next
 epoch's draw. An epoch's plan is built once, sequentially, when its first batch is asked for:
 about 1 ms per step of WMT size, 4 to 12 s for the 5,900 steps of a 4.5M-pair epoch on 2 shared
-CPU cores (benchmarks/results/packing_*.md). With a token cache, it is written beside the cache
+CPU cores (benchmarks/results/packing.md). With a token cache, it is written beside the cache
 (`plan_cache`) and memory-mapped by every later start, so a restart does not plan again.
 """
 
