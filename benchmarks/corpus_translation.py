@@ -152,11 +152,9 @@ if __name__ == "__main__":
                              _THREADS.value)
     except UserError as e:
       fail(str(e))
-    record["hardware"] = report.hardware()
-    report.write_json(_OUT.value + ".json", record)
-    report.write_markdown(
-      _OUT.value + ".md", "Translating a corpus: ours against CTranslate2", __doc__.split(
-        "\n\n")[1], report.command_line(), report_lines(record))
+    report.write(_OUT.value, "Translating a corpus: ours against CTranslate2",
+                 __doc__.split("\n\n")[1], report.public_command(report.command_line()),
+                 report_lines(record), record)
     print("\n".join(report_lines(record)))
 
   app.run(main, flags_parser=flags_parser())

@@ -101,10 +101,9 @@ if __name__ == "__main__":
       record = run(_WORKDIR.value, _PAIRS.value, _NOISE.value, _SEED.value)
     except UserError as e:
       fail(str(e))
-    record["hardware"] = report.hardware()
-    report.write_json(_OUT.value + ".json", record)
-    report.write_markdown(_OUT.value + ".md", "Finding misaligned pairs by their scores",
-                          __doc__.split("\n\n")[1], report.command_line(), report_lines(record))
+    report.write(_OUT.value, "Finding misaligned pairs by their scores",
+                 __doc__.split("\n\n")[1], report.public_command(report.command_line()),
+                 report_lines(record), record)
     print("\n".join(report_lines(record)))
 
   app.run(main, flags_parser=flags_parser())
