@@ -1,5 +1,5 @@
 """Attention weights of a trained model, recomputed from what each attention module received
-(a library without flags, used by experiments/attention_maps.py).
+(used by experiments/attention_maps.py).
 
 One teacher-forced forward pass runs under `nn.intercept_methods`, which records the inputs of
 every `MultiHeadAttention` call: queries' and keys' inputs, masks, causality, and the module's

@@ -1,4 +1,4 @@
-"""Long-range dependencies (a library without flags): the recall task of experiments/tasks.py
+"""Long-range dependencies (part of experiments/claims.py): the recall task of experiments/tasks.py
 learned by a Transformer and the LSTM baseline with the same number of parameters.
 
 Settings: a ConfigDict of configs/long_range.py. For each distribution of the training

@@ -1,7 +1,5 @@
-"""Measurement helpers shared by the experiments: parameters, memory, loops, timing, fits.
-
-A library without flags, imported by the experiment commands and the other experiment
-libraries (step_cost.py, long_range.py, sweeps.py).
+"""Measurement helpers shared by the experiments and the benchmarks: parameters, memory, loops,
+timing, fits, measuring children.
 """
 
 from __future__ import annotations

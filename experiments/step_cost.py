@@ -1,4 +1,4 @@
-"""What one training step costs: compilation, memory, sequential loops, time, FLOPs.
+"""What one training step costs: compilation, memory, sequential loops, time, op profile.
 
 `measure_step` is the measurement of one shape, which benchmarks/train_step.py sets against the
 machine's matmul rate; `cost_sweep` is the measurement over sequence lengths n of
