@@ -53,7 +53,8 @@ def run(workdir: str, num_pairs: int, noise: float, seed: int) -> dict[str, Any]
   with open(tsv, "w") as f:
     f.writelines(f"{s}\t{t}\n" for s, t in pairs)
   model = infer.restore(config, workdir)
-  corpus.score_corpus(corpus.CorpusRun(model, tsv, out, {"run": "noisy_pairs"}), config)
+  corpus.score_corpus(corpus.CorpusRun(model, tsv, out, {"run": "noisy_pairs"}), config,
+                      corpus.check_score_input(tsv))
   with open(out) as f:
     scored = [json.loads(line) for line in f]
   by_perplexity = [-s["perplexity"] for s in scored]

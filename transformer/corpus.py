@@ -46,6 +46,7 @@ import numpy as np
 from transformer import storage
 from transformer.data.tokenizer import truncate
 from transformer.errors import UserError
+from transformer.metrics import format_duration
 from transformer.translate import Hypothesis
 
 FORMATS = ("text", "jsonl")
@@ -156,15 +157,8 @@ class Progress:
       line += " sentences"
     line += f", {rate:.1f} sentences/s"
     if self.total and rate > 0 and not final:
-      line += f", ETA {_duration((self.total - self.done) / rate)}"
+      line += f", ETA {format_duration((self.total - self.done) / rate)}"
     print(line, file=sys.stderr, flush=True)
-
-
-def _duration(seconds: float) -> str:
-  seconds = int(seconds)
-  if seconds >= 3600:
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-  return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
 class ResumableOutput:
@@ -319,12 +313,12 @@ def translate_corpus(run: CorpusRun, config: Any, nbest: int, output_format: str
   _run(run, "translate", total, int(config.decode.get("chunk_size", 10000)), process_chunk)
 
 
-def score_corpus(run: CorpusRun, config: Any) -> None:
-  """`--mode=score`: the log probability of every `source<TAB>target` pair (module docstring)."""
+def score_corpus(run: CorpusRun, config: Any, total: int) -> None:
+  """`--mode=score`: the log probability of every `source<TAB>target` pair (module docstring);
+  `total`: the input's lines, as `check_score_input` counted them before any work."""
   model = run.model
   tokenizer, translator = model.tokenizer, model.translator
   limit = config.model.max_len
-  total = check_score_input(run.input_path)
 
   def process_chunk(first: int, lines: list[str], progress: Progress) -> str:
     pairs = []

@@ -110,3 +110,9 @@ def read_metrics(workdir: str | os.PathLike) -> list[dict[str, Any]]:
   if not path.exists():
     return []
   return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+
+
+def format_duration(seconds: float) -> str:
+  """H:MM:SS, as the progress lines of training and of corpus translation print an ETA."""
+  seconds = int(seconds)
+  return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"

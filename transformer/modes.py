@@ -44,10 +44,11 @@ def score_corpus(config: Any, workdir: str, input_path: str | None, output_path:
   """`--mode=score`: log p(target | source) of every `source<TAB>target` line of `input_path`."""
   corpus.check_request("score", 1, "jsonl", Search.from_config(config.decode), input_path,
                        output_path)
-  corpus.check_score_input(input_path)
+  total = corpus.check_score_input(input_path)
   model = restore(config, workdir, average, checkpoint)
   settings = {"mode": "score", "parameters": model.label, **_input_identity(input_path)}
-  corpus.score_corpus(corpus.CorpusRun(model, input_path, output_path, settings), config)
+  corpus.score_corpus(corpus.CorpusRun(model, input_path, output_path, settings), config,
+                      total)
 
 
 def _input_identity(input_path: str | None) -> dict[str, Any]:

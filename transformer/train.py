@@ -29,7 +29,7 @@ from transformer import sharding as sharding_lib
 from transformer.checkpoint import Checkpointer, average_params, check_meta, run_meta
 from transformer.data import corpora, input_pipeline
 from transformer.errors import ConfigError
-from transformer.metrics import MetricWriter, summarize
+from transformer.metrics import MetricWriter, format_duration, summarize
 from transformer.model import ModelConfig
 from transformer.model_family import build_model, count_params
 from transformer.prefetch import Prefetcher
@@ -305,7 +305,7 @@ def log_progress(record: dict[str, float], step: int, total: int) -> None:
                "  host %.1f%%  ETA %s", step, total, record["train/loss"],
                record["train/accuracy"], record["train/learning_rate"],
                record["train/tokens_per_s"], 100 * record["train/real_token_fraction"], mfu,
-               100 * record["train/host_fraction"], _duration(eta))
+               100 * record["train/host_fraction"], format_duration(eta))
 
 
 def restore_or_init(trainer: Trainer, checkpointer: Checkpointer, meta: dict[str, Any],
@@ -514,8 +514,3 @@ def check_nonfinite(config: Any, state: TrainState) -> None:
 
 def _fmt(record: dict[str, float]) -> str:
   return "  ".join(f"{k.split('/')[-1]} {v:.4f}" for k, v in record.items())
-
-
-def _duration(seconds: float) -> str:
-  seconds = int(seconds)
-  return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
