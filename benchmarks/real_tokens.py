@@ -146,7 +146,8 @@ def fixed_overrides(corpus: str, layout: str, config: Any, steps: int, log_every
   out: dict[str, Any] = {
     "num_train_steps": steps, "log_every_steps": log_every,
     # Evaluation and checkpoints only after the last step, outside the timed windows.
-    "eval_every_steps": steps, "checkpoint_every_steps": steps, "bleu_every_steps": 0,
+    "evals.valid_loss.every_steps": steps, "checkpoint_every_steps": steps,
+    "evals.valid_translation.every_steps": 0,
     "compilation_cache_dir": "",  # every run compiles, as a first start does
   }
   if corpus == "messages":

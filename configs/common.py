@@ -4,6 +4,7 @@ import dataclasses
 
 from ml_collections import config_dict
 
+from transformer import evaluators
 from transformer.model import ModelConfig
 
 
@@ -63,12 +64,31 @@ def base_config() -> config_dict.ConfigDict:
 
   config.num_train_steps = 1000
   config.log_every_steps = 50
-  config.eval_every_steps = 500
-  config.bleu_every_steps = 0  # 0: BLEU only at the end
+  # What is measured (transformer/evaluators.py): each entry one evaluator, run every
+  # `every_steps` steps by the loop (0: only in the final evaluation, which runs them all).
+  # Metrics are PREFIX/NAME: eval/loss, eval/perplexity, eval/bleu, test/bleu, ...
+  # valid_loss (eval/loss, eval/perplexity, ...) every 500 steps; valid_translation and
+  # test_translation (eval/bleu, test/bleu, chrf, ter) at the end, on all sentences.
+  config.evals = evaluators.default_evals()
   config.checkpoint_every_steps = 500
   config.keep_checkpoints = 3
   config.average_last_checkpoints = 0  # 0 or 1: final evaluation uses the newest checkpoint
-  config.eval_bleu_sentences = 0  # validation sentences decoded for eval/bleu; 0: all
+  # The best checkpoint (transformer/best_checkpoint.py): a metric of a periodic evaluator,
+  # e.g. 'eval/bleu' ('max') or 'eval/loss' ('min'); its best step is kept in <workdir>/best,
+  # apart from the newest keep_checkpoints, and the final evaluation uses it. '': none.
+  config.best_checkpoint = config_dict.ConfigDict()
+  config.best_checkpoint.metric = ""
+  config.best_checkpoint.mode = "max"
+  # Early stopping: `patience` evaluations of the best checkpoint's metric in a row without an
+  # improvement of more than `min_delta` end the run (0: never).
+  config.early_stopping = config_dict.ConfigDict()
+  config.early_stopping.patience = 0
+  config.early_stopping.min_delta = 0.0
+  # Fine-tuning (transformer/finetune.py): start from another workdir's parameters (its best
+  # checkpoint, else its newest; local or gs://, or an imported model's workdir) and its
+  # vocabulary, with a fresh optimizer at step 0 and this config's schedule; '': from scratch.
+  config.init_from = ""
+  config.init_from_optimizer = False  # also take the source's Adam moments
 
   config.decode = config_dict.ConfigDict()
   config.decode.beam_size = 4

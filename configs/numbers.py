@@ -50,14 +50,14 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   config.optimizer.learning_rate_scale = 1.0
   config.num_train_steps = 2500
   config.log_every_steps = 100
-  config.eval_every_steps = 500
-  config.bleu_every_steps = 0
+  config.evals.valid_loss.every_steps = 500
+  config.evals.valid_translation.every_steps = 0
   config.checkpoint_every_steps = 500
   config.keep_checkpoints = 3
   # The paper's checkpoint averaging (section 6.1): the final evaluation uses the mean of
   # the last 3 checkpoints (steps 1500, 2000, 2500), which smooths out the late oscillation.
   config.average_last_checkpoints = 3
-  config.eval_bleu_sentences = 200
+  config.evals.valid_translation.sentences = 200
   config.decode.max_extra_len = 10
 
   if variant == "tiny":
@@ -74,9 +74,9 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
     config.optimizer.warmup_steps = 10
     config.num_train_steps = 6
     config.log_every_steps = 2
-    config.eval_every_steps = 3
+    config.evals.valid_loss.every_steps = 3
     config.checkpoint_every_steps = 3
-    config.eval_bleu_sentences = 16
+    config.evals.valid_translation.sentences = 16
     config.decode.max_extra_len = 5
     config.average_last_checkpoints = 2
   return config

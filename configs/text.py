@@ -84,11 +84,11 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   config.optimizer.warmup_steps = 1000
   config.num_train_steps = 5000
   config.log_every_steps = 100
-  config.eval_every_steps = 1000
+  config.evals.valid_loss.every_steps = 1000
   config.checkpoint_every_steps = 500
   config.keep_checkpoints = 5
   config.average_last_checkpoints = 3
-  config.eval_bleu_sentences = 500
+  config.evals.valid_translation.sentences = 500
   config.decode.max_extra_len = 64
 
   if small:
@@ -102,6 +102,6 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
     m.max_len = 128
     config.optimizer.warmup_steps = 400
     config.num_train_steps = 2500
-    config.eval_bleu_sentences = 200
+    config.evals.valid_translation.sentences = 200
     config.decode.max_extra_len = 10
   return config

@@ -71,8 +71,8 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
 
   config.num_train_steps = 100_000  # base: 100k steps (12 hours on 8 P100s)
   config.log_every_steps = 100
-  config.eval_every_steps = 5000
-  config.bleu_every_steps = 10_000
+  config.evals.valid_loss.every_steps = 5000
+  config.evals.valid_translation.every_steps = 10_000
   config.checkpoint_every_steps = 1000  # the paper wrote one every 10 minutes
   config.keep_checkpoints = 20
   config.average_last_checkpoints = 5  # base: the last 5 checkpoints, big: the last 20
@@ -81,7 +81,9 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   config.decode.beam_size = 4
   config.decode.alpha = 0.6
   config.decode.max_extra_len = 50
-  config.eval_bleu_sentences = 0  # 0: the whole newstest2013 for validation BLEU
+  config.evals.valid_translation.sentences = 0  # 0: the whole newstest2013 for validation BLEU
+  # Test BLEU also as the paper computed it: tokenized, compound words split.
+  config.evals.test_translation.metrics = "bleu,chrf,ter,bleu_tokenized"
 
   if size == "big":
     # Table 3, "big": N=6, d_model=1024, d_ff=4096, h=16, P_drop=0.3 for EN-DE; 300k steps.
@@ -110,11 +112,11 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
     config.optimizer.warmup_steps = 10
     config.num_train_steps = 4
     config.log_every_steps = 2
-    config.eval_every_steps = 4
-    config.bleu_every_steps = 4
+    config.evals.valid_loss.every_steps = 4
+    config.evals.valid_translation.every_steps = 4
     config.checkpoint_every_steps = 2
     config.keep_checkpoints = 3
     config.average_last_checkpoints = 2
     config.decode.max_extra_len = 5
-    config.eval_bleu_sentences = 16
+    config.evals.valid_translation.sentences = 16
   return config

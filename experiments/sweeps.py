@@ -263,7 +263,8 @@ def default_report(sweep: Sweep, rows: list[dict[str, Any]], png_path: str) -> d
   intro = (
     f"Points of `{sweep.path}{':' + sweep.arg if sweep.arg else ''}` (`sweep()` in it), each "
     "trained with `train_and_evaluate` in its own workdir, by `experiments/sweep.py`. valid = "
-    "the config's validation split (BLEU on its first `eval_bleu_sentences`), step (ms) = "
+    "the config's validation split (BLEU on its first `evals.valid_translation.sentences`), "
+    "step (ms) = "
     "median training-step time over the logged windows after the first.")
   body = (
     ["## Results\n", report_lib.markdown_table(

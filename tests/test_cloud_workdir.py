@@ -20,7 +20,7 @@ from tests.gcs_emulator import emulator_env
 from tests.test_train import FAST_COMPILE, REPO, TINY, assert_same_run, run_main
 
 OVERRIDES = ["--config.num_train_steps=30", "--config.checkpoint_every_steps=5",
-             "--config.eval_every_steps=100", "--config.log_every_steps=1"]
+             "--config.evals.valid_loss.every_steps=100", "--config.log_every_steps=1"]
 
 
 def objects(gcs, prefix):

@@ -61,7 +61,7 @@ from configs import numbers
 def get_config(arg=None):
   config = numbers.get_config("tiny")
   config.data.bucket_lengths = %r
-  config.eval_bleu_sentences = 4
+  config.evals.valid_translation.sentences = 4
   return config
 """
 

@@ -42,11 +42,12 @@ def shrunk(config, steps=1):
   for field in ("optimizer", "decode"):
     config[field] = tiny[field]
   config.num_train_steps = steps
-  config.eval_every_steps = config.checkpoint_every_steps = config.log_every_steps = steps
-  config.bleu_every_steps = 0
+  config.checkpoint_every_steps = config.log_every_steps = steps
+  config.evals.valid_loss.every_steps = steps
+  config.evals.valid_translation.every_steps = 0
   config.keep_checkpoints = 2
   config.average_last_checkpoints = 0
-  config.eval_bleu_sentences = 4
+  config.evals.valid_translation.sentences = 4
   return config
 
 
@@ -71,7 +72,9 @@ def test_tfds_builders_by_name_train_under_mock_data(tmp_path, dataset, src, tgt
   validate(config, 8)
   result = train_under_mock(config, tmp_path)
   assert result["step"] == 1 and "test/bleu" in result
-  assert "test/bleu_tokenized" not in result  # the paper's tokenized BLEU is for WMT only
+  # The metrics are those the config's evaluators list (the WMT configs: tokenized BLEU too).
+  listed = config.evals.test_translation.metrics.split(",")
+  assert {k for k in result if k.startswith("test/")} == {f"test/{m}" for m in listed}
   keys = set().union(*read_metrics(str(tmp_path)))
   assert {"train/loss", "eval/loss", "test/bleu"} <= keys
 
@@ -277,8 +280,9 @@ TEXT_TINY = [
   "--config.data.packed_source_len=64", "--config.data.packed_target_len=48",
   "--config.data.heldout_pairs=30", "--config.data.spm_train_sentences=2000",
   "--config.optimizer.warmup_steps=10", "--config.num_train_steps=10",
-  "--config.checkpoint_every_steps=3", "--config.eval_every_steps=100",
-  "--config.log_every_steps=1", "--config.eval_bleu_sentences=8", "--config.decode.beam_size=2",
+  "--config.checkpoint_every_steps=3", "--config.evals.valid_loss.every_steps=100",
+  "--config.log_every_steps=1", "--config.evals.valid_translation.sentences=8",
+  "--config.decode.beam_size=2",
   "--config.decode.max_extra_len=5", "--config.keep_checkpoints=3",
   "--config.average_last_checkpoints=2",
 ]

@@ -22,8 +22,9 @@ TINY = [
   "--config.data.packed_source_len=64", "--config.data.packed_target_len=48",
   "--config.data.heldout_pairs=30", "--config.data.spm_train_sentences=2000",
   "--config.optimizer.warmup_steps=10", "--config.num_train_steps=12",
-  "--config.checkpoint_every_steps=6", "--config.eval_every_steps=100",
-  "--config.log_every_steps=6", "--config.eval_bleu_sentences=8", "--config.decode.beam_size=3",
+  "--config.checkpoint_every_steps=6", "--config.evals.valid_loss.every_steps=100",
+  "--config.log_every_steps=6", "--config.evals.valid_translation.sentences=8",
+  "--config.decode.beam_size=3",
   "--config.decode.max_extra_len=5", "--config.average_last_checkpoints=0",
 ]
 
@@ -225,7 +226,8 @@ def test_hypotheses_log_probs_are_their_teacher_forced_scores(restored, method):
 def test_score_mode_mean_nll_is_the_evaluation_loss(restored):
   """Sum of -logprob over the pairs' tokens / their token count = eval loss without label
   smoothing, on the same pairs."""
-  from transformer.train import Trainer, evaluate
+  from transformer.evaluators import evaluate_loss
+  from transformer.train import Trainer
 
   config, model = restored
   config = config.copy_and_resolve_references()
@@ -243,7 +245,7 @@ def test_score_mode_mean_nll_is_the_evaluation_loss(restored):
   for row, (s, t) in enumerate(ids):
     batch["inputs"][row, :len(s)] = s
     batch["targets"][row, :len(t)] = t
-  record = evaluate(trainer, model.params, [batch], "eval")
+  record = evaluate_loss(trainer, model.params, [batch], "eval")
   assert nll == pytest.approx(record["eval/loss"], rel=1e-5)
 
 

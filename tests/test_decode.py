@@ -302,6 +302,31 @@ def test_batched_equals_alone(beam_size):
     np.testing.assert_allclose(alone_scores[0], scores[b], rtol=1e-6)
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_asking_for_the_best_only_stops_sooner_with_the_same_best(seed):
+  """num_hypotheses=1 stops a sentence once its best is final: the same best hypothesis and
+  score as the search that waits for K finished ones, in no more steps (fewer on some)."""
+  max_len = 8
+  table = jnp.asarray(make_table(seed, num_sentences=3, max_len=max_len, vocab=4,
+                                 eos_bias=1.0), jnp.float32)
+  sentences, lengths = jnp.arange(3), jnp.full((3,), max_len)
+
+  def search(n):
+    return decode.beam_search(counting_toy_model(table), init_cache(sentences, max_len),
+                              batch_size=3, beam_size=4, alpha=0.6, max_lengths=lengths,
+                              max_len=max_len, num_hypotheses=n)
+
+  (full, full_scores, _), full_steps = count_steps(lambda: search(None))
+  (best, best_scores, _), best_steps = count_steps(lambda: search(1))
+  np.testing.assert_array_equal(best[:, 0], full[:, 0])
+  np.testing.assert_allclose(best_scores[:, 0], full_scores[:, 0], rtol=1e-6)
+  assert best_steps <= full_steps
+  for b in range(3):  # and the best is the exhaustive optimum's score or below it
+    assert best_scores[b, 0] <= all_hypotheses(np.asarray(table), b, max_len, 0.6)[0][0] + 1e-5
+  with pytest.raises(ValueError, match="num_hypotheses"):
+    search(5)
+
+
 def test_loops_stop_early():
   # EOS dominates, so greedy needs 1 step and beam 2 needs 2 (then nothing live can beat the
   # worst finished hypothesis), well before max_len = 6.

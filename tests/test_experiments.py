@@ -91,10 +91,10 @@ TINY_SWEEP = textwrap.dedent('''
     config = numbers.get_config("tiny")
     config.num_train_steps = 2
     config.log_every_steps = 1
-    config.eval_every_steps = 2
+    config.evals.valid_loss.every_steps = 2
     config.checkpoint_every_steps = 2
     config.average_last_checkpoints = 0
-    config.eval_bleu_sentences = 4
+    config.evals.valid_translation.sentences = 4
     config.decode.beam_size = 1
     config.num_samples_to_print = 0
     return config

@@ -32,7 +32,7 @@ from transformer.validate import model_config  # noqa: E402
 # Enough training that outputs mostly end with their own EOS rather than at the length limit.
 OVERRIDES = ["--config.model.d_model=64", "--config.model.d_ff=128",
              "--config.num_train_steps=300", "--config.optimizer.warmup_steps=50",
-             "--config.eval_every_steps=300", "--config.checkpoint_every_steps=300",
+             "--config.evals.valid_loss.every_steps=300", "--config.checkpoint_every_steps=300",
              "--config.log_every_steps=100"]
 TINY = ["--config=configs/numbers.py:tiny", *OVERRIDES]
 SENTENCES = [

@@ -93,7 +93,7 @@ def test_signal_saves_a_checkpoint_and_the_rerun_continues(tmp_path, sig):
   workdir = str(tmp_path / "w")
   args = [*TINY, f"--workdir={workdir}", "--config.num_train_steps=400",
           "--config.checkpoint_every_steps=1000", "--config.log_every_steps=1",
-          "--config.eval_every_steps=1000"]
+          "--config.evals.valid_loss.every_steps=1000"]
   child = subprocess.Popen([sys.executable, "-m", "transformer.main", *args], cwd=REPO,
                            env=dict(os.environ, XLA_FLAGS=FAST_COMPILE), stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)

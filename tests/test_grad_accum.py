@@ -157,8 +157,8 @@ def test_resume_after_kill_with_accumulation_is_bitwise_exact(tmp_path):
   """kill -9 a run of 3 micro-batches per step (bucketed rows 16 and 8: both padded) after a
   checkpoint, restart: it ends as the uninterrupted run."""
   overrides = ["--config.num_train_steps=12", "--config.checkpoint_every_steps=4",
-               "--config.eval_every_steps=100", "--config.log_every_steps=1",
-               "--config.eval_bleu_sentences=4", "--config.grad_accum_steps=3"]
+               "--config.evals.valid_loss.every_steps=100", "--config.log_every_steps=1",
+               "--config.evals.valid_translation.sentences=4", "--config.grad_accum_steps=3"]
   straight = str(tmp_path / "straight")
   proc = run_main(*TINY, f"--workdir={straight}", *overrides)
   assert proc.returncode == 0, proc.stderr[-3000:]

@@ -176,8 +176,8 @@ def write_catalogues(directory, n):
 
 
 TINY = ["model.num_layers=1", "model.d_model=32", "model.d_ff=64", "model.num_heads=4",
-        "data.tokens_per_batch=256", "data.eval_batch_size=64", "eval_bleu_sentences=8",
-        "decode.max_extra_len=5", "decode.beam_size=2"]
+        "data.tokens_per_batch=256", "data.eval_batch_size=64",
+        "evals.valid_translation.sentences=8", "decode.max_extra_len=5", "decode.beam_size=2"]
 
 
 @pytest.mark.slow

@@ -175,7 +175,7 @@ def _run_cli(workdir, extra, devices, env_extra=None):
   return subprocess.Popen(
     [sys.executable, "-m", "transformer.main", "--config=configs/numbers.py:tiny",
      f"--workdir={workdir}", "--config.num_train_steps=4", "--config.log_every_steps=1",
-     "--config.eval_every_steps=100", *extra],
+     "--config.evals.valid_loss.every_steps=100", *extra],
     cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
   )
 

@@ -102,8 +102,8 @@ def test_resume_after_kill_is_bitwise_exact(tmp_path):
   process (bucketed batches go through the same in tests/test_cloud_workdir.py).
   """
   overrides = ["--config.num_train_steps=12", "--config.checkpoint_every_steps=4",
-               "--config.eval_every_steps=100", "--config.log_every_steps=1",
-               "--config.data.packing=True", "--config.eval_bleu_sentences=4"]
+               "--config.evals.valid_loss.every_steps=100", "--config.log_every_steps=1",
+               "--config.data.packing=True", "--config.evals.valid_translation.sentences=4"]
   straight = str(tmp_path / "straight")
   proc = run_main(*TINY, f"--workdir={straight}", *overrides)
   assert proc.returncode == 0, proc.stderr[-3000:]
@@ -241,7 +241,7 @@ def test_average_mode_of_the_cli(tiny_run):
   workdir, _ = tiny_run
   proc = run_main(*TINY, f"--workdir={workdir}", "--mode=average", "--average=2")
   assert proc.returncode == 0, proc.stderr[-3000:]
-  assert "average of steps" in proc.stdout and "test BLEU" in proc.stdout
+  assert "average of steps" in proc.stdout and "Average Test BLEU" in proc.stdout
   assert any("average_test/bleu" in r for r in read_metrics(workdir))
 
 

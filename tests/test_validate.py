@@ -23,6 +23,8 @@ from transformer.validate import FIELDS, METHODS, NUMBERS_VARIANTS, validate
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A field whose value is a mapping of its own (language -> path) is one leaf.
 MAPPING_LEAVES = ("data.train_files", "data.eval_files", "data.test_files")
+# Fields under a mapping of named entries, checked entry by entry (evaluators.check).
+NAMED_ENTRIES = ("evals",)
 
 
 def text_with_files() -> config_dict.ConfigDict:
@@ -128,7 +130,7 @@ def test_every_field_typed_wrong_is_accepted_or_one_line_naming_it(name):
 @pytest.mark.parametrize("name", CONFIGS)
 def test_every_field_of_the_configs_has_a_check(name):
   fields = {f for f in leaves(CONFIGS[name]().to_dict())
-            if not f.startswith(tuple(f"{m}." for m in MAPPING_LEAVES))}
+            if not f.startswith(tuple(f"{m}." for m in MAPPING_LEAVES + NAMED_ENTRIES))}
   assert fields - set(FIELDS) == set()
 
 
@@ -206,6 +208,20 @@ def test_configs_without_the_newer_decoding_fields_still_validate():
                 "chunk_size"):
     del config["decode"][field]
   validate(config_dict.ConfigDict(config), 8)
+
+
+def test_configs_saved_before_evaluators_were_configured_still_validate():
+  """A workdir's config.json from before `evals`, `best_checkpoint`, `early_stopping` and
+  `init_from` existed: the default evaluators, no best checkpoint, no fine-tuning."""
+  from transformer import evaluators
+
+  config = numbers_config.get_config("tiny").to_dict()
+  for field in ("evals", "best_checkpoint", "early_stopping", "init_from",
+                "init_from_optimizer"):
+    del config[field]
+  config = config_dict.ConfigDict(config)
+  validate(config, 8)
+  assert evaluators.of_config(config).to_dict() == evaluators.default_evals().to_dict()
 
 
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])

@@ -74,6 +74,15 @@ class Checkpointer:
     )
     return restored["state"]
 
+  def restore_part(self, step: int, abstract_part: dict[str, Any]) -> dict[str, Any]:
+    """Some fields of the state of `step` (e.g. `{"params": abstract_params}`), onto the
+    shardings of `abstract_part`: what fine-tuning takes from a run whose optimizer may differ
+    from this one's."""
+    args = ocp.args.PyTreeRestore(
+      item=abstract_part, partial_restore=True,
+      restore_args=ocp.checkpoint_utils.construct_restore_args(abstract_part))
+    return self.manager.restore(step, args=ocp.args.Composite(state=args))["state"]
+
   def restore_latest(self, abstract_state: Any, check_meta) -> tuple[Any, int] | None:
     """Newest checkpoint that restores and passes `check_meta(meta, path)`, or None if none.
 
@@ -170,7 +179,7 @@ def run_meta(config: Any, model_config: ModelConfig, vocab_sha256: str) -> dict[
 
 # Fields that may differ between a checkpoint and the run restoring it: they change how the
 # computation is done, not the parameters.
-_COMPATIBLE_FIELDS = ("dtype", "attention", "attention_chunk_size", "remat", "dropout_rate",
+COMPATIBLE_FIELDS = ("dtype", "attention", "attention_chunk_size", "remat", "dropout_rate",
                       "attention_dropout_rate", "dropout_mask_bits")
 
 
@@ -183,7 +192,7 @@ def check_meta(expected: dict[str, Any]):
       )
     old, new = meta.get("model", {}), expected["model"]
     for field in sorted(set(old) | set(new)):
-      if field in _COMPATIBLE_FIELDS:
+      if field in COMPATIBLE_FIELDS:
         continue
       if old.get(field) != new.get(field):
         raise CheckpointError(

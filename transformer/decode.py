@@ -254,6 +254,7 @@ def beam_search(
   max_len: int,
   eos_id: int = 1,
   reorder: PyTree | None = None,
+  num_hypotheses: int | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Beam search with the GNMT length penalty and an incremental cache.
 
@@ -265,9 +266,12 @@ def beam_search(
   extension is the argmax; once it is EOS nothing is left live). With K at least the number
   of extensions at every step, the search is exhaustive.
 
-  A sentence stops (its results are frozen) once no live hypothesis can beat the worst of
-  its K finished ones: log probs are <= 0 and, for alpha >= 0, lp grows with length, so a
-  live hypothesis can at best reach live_log_prob / lp(max_lengths[b]). The loop ends when
+  A sentence stops (its results are frozen) once no live hypothesis can beat the n-th best
+  of its finished ones (n = `num_hypotheses`, default K): log probs are <= 0 and, for
+  alpha >= 0, lp grows with length, so a live hypothesis can at best reach
+  live_log_prob / lp(max_lengths[b]). The n best hypotheses are then final, so asking for
+  fewer than K (one, for plain translation) stops sooner and returns the same n best; the
+  remaining slots hold what was found by then. The loop ends when
   every sentence has stopped, at the latest after max_len steps. EOS is forced at step
   max_lengths[b] - 1. The cache is tiled to B * K rows and reordered by the chosen beams
   every step (except the leaves that `reorder` marks False).
@@ -283,6 +287,8 @@ def beam_search(
       [1, max_len].
     max_len: static size of the output buffer.
     eos_id: the EOS token id.
+    num_hypotheses: n in [1, K], how many of the best hypotheses must be final when a sentence
+      stops (None: K).
     reorder: None, or bools with the structure of `cache`: False marks leaves that are tiled
       but never reordered, which saves a copy of them per step (`gather_beams`): leaves equal
       for all beams of a sentence (e.g. cached encoder-side keys and values), or leaves that
@@ -301,6 +307,9 @@ def beam_search(
   if alpha < 0:
     raise ValueError(f"alpha must be >= 0 for the early-stopping bound, got {alpha}")
   k = beam_size
+  n = k if num_hypotheses is None else num_hypotheses
+  if not 1 <= n <= k:
+    raise ValueError(f"num_hypotheses must be in [1, beam_size={k}], got {num_hypotheses}")
   max_lengths = _effective_max_lengths(max_lengths, batch_size, max_len)
   best_possible_lp = length_penalty(max_lengths, alpha)  # [B]
 
@@ -352,8 +361,9 @@ def beam_search(
       "cache": cache,
     }
     best_live = jnp.max(new_state["live_log_probs"], axis=1) / best_possible_lp
-    worst_finished = jnp.min(new_state["fin_scores"], axis=1)  # -inf until K finished
-    new_state["done"] = done | (best_live <= worst_finished)
+    # fin_scores is sorted (top_k): its n-th entry is -inf until n have finished.
+    nth_finished = new_state["fin_scores"][:, n - 1]
+    new_state["done"] = done | (best_live <= nth_finished)
     return new_state
 
   # Only beam 0 is live at the start, so the K identical initial beams do not yield K copies

@@ -17,6 +17,14 @@ class CheckpointError(UserError):
   """A checkpoint cannot be used with this config; the message names the path."""
 
 
+def show(value: object) -> str:
+  """`value` as one short line for a message (a config node as its plain dict)."""
+  if hasattr(value, "to_dict"):
+    value = value.to_dict()
+  shown = " ".join(repr(value).split())
+  return shown if len(shown) <= 80 else shown[:77] + "..."
+
+
 def fail(message: str) -> NoReturn:
   """Prints `error: message` on stderr and exits with status 2 (the CLIs' one-line errors)."""
   print(f"error: {message}", file=sys.stderr, flush=True)

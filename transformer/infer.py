@@ -3,6 +3,7 @@
     from transformer import infer
     model = infer.restore(config, "runs/numbers")            # newest checkpoint
     model = infer.restore(config, "gs://b/run", average=5)   # mean of the last 5
+    model = infer.restore(config, "runs/numbers", checkpoint="best")
     ids = model.translator.translate_ids(model.params, [model.tokenizer.encode("seven")])
 
 Used by the translate and average modes of the main program and by the experiments. The
@@ -19,6 +20,7 @@ import jax
 
 from transformer import compilation, storage
 from transformer import sharding as sharding_lib
+from transformer.best_checkpoint import best_step_or_error
 from transformer.checkpoint import Checkpointer, average_params, check_meta, run_meta
 from transformer.data import input_pipeline
 from transformer.data.input_pipeline import vocab_path
@@ -29,12 +31,15 @@ from transformer.translate import Translator
 from transformer.validate import validate
 
 
-def parse_checkpoint(value: str) -> int | None:
-  """`--checkpoint`: 'latest' -> None, a step number -> that int; anything else: UserError."""
+def parse_checkpoint(value: str) -> int | str | None:
+  """`--checkpoint`: 'latest' -> None, 'best' -> 'best', a step number -> that int; anything
+  else: UserError."""
   if value == "latest":
     return None
+  if value == "best":
+    return value
   if not value.isdigit():
-    raise UserError(f"--checkpoint={value}: must be 'latest' or a step number")
+    raise UserError(f"--checkpoint={value}: must be 'best', 'latest' or a step number")
   return int(value)
 
 
@@ -67,8 +72,9 @@ def restore(config: Any, workdir: str, average: int | None = None,
     workdir: the training run's workdir.
     average: N > 1 averages the last N checkpoints; None takes
       `config.average_last_checkpoints`; 0 or 1 take the newest checkpoint.
-    checkpoint: 'latest' (or None) for the newest checkpoint, or a step number: that step's
-      checkpoint (no averaging).
+    checkpoint: 'latest' (or None) for the newest checkpoint, 'best' for the best one
+      (`<workdir>/best`, kept when `config.best_checkpoint.metric` is set), or a step number:
+      that step's checkpoint (no averaging).
 
   Raises:
     CheckpointError: no vocabulary or checkpoint, or one that does not fit the config.
@@ -85,7 +91,14 @@ def restore(config: Any, workdir: str, average: int | None = None,
   checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), None, async_save=False)
   meta = run_meta(config, model_config, tokenizer.sha256)
   n = config.average_last_checkpoints if average is None else average
-  if checkpoint not in (None, "latest"):
+  if checkpoint == "best":
+    best, step = best_step_or_error(workdir)
+    check_meta(meta)(best.read_meta(step), best.path / str(step))
+    record = best.read_meta(step)["best"]
+    params = best.restore(step, trainer.abstract_state).params
+    label = f"best checkpoint, step {step} ({record['metric']} {record['value']:.4f})"
+    best.close()
+  elif checkpoint not in (None, "latest"):
     step = parse_checkpoint(checkpoint)
     if step not in checkpointer.all_steps():
       raise CheckpointError(f"--checkpoint={checkpoint}: no such step in "

@@ -47,8 +47,8 @@ _NBEST = flags.DEFINE_integer("nbest", 1, "translate: hypotheses per sentence (b
                               "at most decode.beam_size; sampling: samples per sentence).")
 _OUTPUT_FORMAT = flags.DEFINE_string("output_format", "text", "translate: text (one line per "
                                      "hypothesis) or jsonl (one object per input line).")
-_CHECKPOINT = flags.DEFINE_string("checkpoint", "latest", "translate/score/export: 'latest' "
-                                  "or a step number.")
+_CHECKPOINT = flags.DEFINE_string("checkpoint", "latest", "translate/score/export: 'latest', "
+                                  "'best' (config.best_checkpoint) or a step number.")
 _AVERAGE = flags.DEFINE_integer(
   "average", None, "translate/average/export: average the last N checkpoints (default: the "
   "config's average_last_checkpoints; translate and export use the newest checkpoint when it "
@@ -203,15 +203,13 @@ def _train(config, workdir: str) -> None:
 
   if jax.process_index() != 0:
     return
-  print(f"\nStep {result['step']}: validation accuracy {result['eval/accuracy']:.4f}, "
-        f"perplexity {result['eval/perplexity']:.3f}, validation BLEU {result['eval/bleu']:.2f}, "
-        f"chrF {result['eval/chrf']:.2f}, TER {result['eval/ter']:.2f}")
-  line = f"Test BLEU: {result['test/bleu']:.2f}"
-  if "test/bleu_tokenized" in result:
-    line += f" (tokenized, compound-split: {result['test/bleu_tokenized']:.2f})"
-  print(f"{line}   [{result['bleu_signature']}]")
-  print(f"Test chrF: {result['test/chrf']:.2f}   [{result['chrf_signature']}]")
-  print(f"Test TER: {result['test/ter']:.2f}   [{result['ter_signature']}]")
+  from transformer.evaluators import Result, format_result
+
+  if result.get("stopped_early"):
+    print(f"\nStopped early at step {result['step']}: {result['stopped_early']}")
+  print(f"\nStep {result['step']}, evaluating the parameters: {result['evaluated']}")
+  metrics = {k: v for k, v in result.items() if isinstance(v, float) and "/" in k}
+  print(format_result(Result(metrics, result["signatures"])))
   for src, hyp, ref in result["samples"]:
     print(f"  source:      {src}\n  translation: {hyp}\n  reference:   {ref}\n")
   print(f"Metrics: {os.path.join(workdir, 'metrics.jsonl')}", flush=True)

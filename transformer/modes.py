@@ -20,7 +20,6 @@ from transformer import sharding as sharding_lib
 from transformer.checkpoint import Checkpointer
 from transformer.errors import UserError
 from transformer.infer import restore
-from transformer.train import final_evaluation
 from transformer.translate import Search
 
 
@@ -61,33 +60,37 @@ def _input_identity(input_path: str | None) -> dict[str, Any]:
 
 
 def average_and_evaluate(config: Any, workdir: str, average: int | None) -> None:
-  """Averages the last N checkpoints, then runs the final evaluation of training on them.
+  """Averages the last N checkpoints, then runs the config's evaluators on them.
 
-  Metrics go to `metrics.jsonl` at the newest step as `average_eval/...` and
-  `average_test/bleu`, translations to `translations/average_{validation,test}_<step>.txt`.
+  Metrics go to `metrics.jsonl` at the newest step with the prefix `average_` (e.g.
+  `average_eval/loss`, `average_test/bleu`), translations to
+  `translations/average_{validation,test}_<step>.txt`.
   """
+  from transformer import evaluators
   from transformer.data import input_pipeline
   from transformer.metrics import MetricWriter
+  from transformer.translate import Translator
 
   n = average or config.average_last_checkpoints
   if n < 2:
     raise UserError("--mode=average needs --average=N with N >= 2")
   model = restore(config, workdir, n)
-  evals, references = input_pipeline.evaluation_data(
+  buckets = input_pipeline.workdir_buckets(config, workdir)
+  batches, references = input_pipeline.evaluation_data(
     config, input_pipeline.open_reader(config), model.tokenizer,
     sharding_lib.data_parallel_size(model.trainer.mesh), process_index=jax.process_index(),
-    process_count=jax.process_count(),
-    buckets=input_pipeline.workdir_buckets(config, workdir))
+    process_count=jax.process_count(), buckets=buckets)
   step = Checkpointer(os.path.join(workdir, "checkpoints"), None,
                       async_save=False).latest_step() or 0
-  final = final_evaluation(config, model.trainer, model.translator, model.params,
-                           model.tokenizer, evals, references, workdir, step, tag="average_")
-  MetricWriter(workdir, tensorboard=False).write(
-    step, {k: v for k, v in final.items() if isinstance(v, float)})
-  print(f"{model.label}: validation perplexity {final['average_eval/perplexity']:.3f}, "
-        f"validation BLEU {final['average_eval/bleu']:.2f}, test BLEU "
-        f"{final['average_test/bleu']:.2f}   [{final['bleu_signature']}], test chrF "
-        f"{final['average_test/chrf']:.2f}, test TER {final['average_test/ter']:.2f}")
+  trainer = model.trainer
+  context = evaluators.Context(
+    trainer, lambda decode: Translator(trainer.model_config, decode, trainer.mesh,
+                                       trainer.state_shardings.params, buckets),
+    model.tokenizer, batches, references, workdir, config)
+  evals = evaluators.build(evaluators.of_config(config), context)
+  result = evaluators.run_all(evals, model.params, step, tag="average_")
+  MetricWriter(workdir, tensorboard=False).write(step, result.metrics)
+  print(f"{model.label}:\n{evaluators.format_result(result)}", flush=True)
 
 
 def export_model(config: Any, workdir: str, fmt: str | None, output: str | None,

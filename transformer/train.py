@@ -23,11 +23,11 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from transformer import bleu as bleu_lib
-from transformer import compilation, hardware, storage, workdir_config
+from transformer import compilation, evaluators, finetune, hardware, storage, workdir_config
 from transformer import sharding as sharding_lib
+from transformer.best_checkpoint import BestCheckpoint, Tracker, log_improvement
 from transformer.checkpoint import Checkpointer, average_params, check_meta, run_meta
-from transformer.data import corpora, input_pipeline
+from transformer.data import input_pipeline
 from transformer.errors import ConfigError
 from transformer.metrics import MetricWriter, format_duration, summarize
 from transformer.model import ModelConfig
@@ -41,7 +41,7 @@ from transformer.train_state import (
   make_optimizer,
   make_train_step,
 )
-from transformer.translate import Translator, translate_and_score
+from transformer.translate import Translator
 from transformer.validate import validate
 
 
@@ -188,18 +188,6 @@ def eval_shapes(batches: Iterable[dict[str, np.ndarray]]) -> list[tuple[int, int
                  for b in batches})
 
 
-def evaluate(trainer: Trainer, params: Any, batches: list[dict[str, np.ndarray]],
-             prefix: str) -> dict[str, float]:
-  """Loss, nll, perplexity and token accuracy over fixed-shape batches."""
-  totals: dict[str, float] = {}
-  for batch in batches:
-    rows = {k: batch[k] for k in ("inputs", "targets")}
-    sums = trainer.eval_step(params, sharding_lib.local_batch_to_global(rows, trainer.mesh))
-    for k, v in jax.device_get(sums).items():
-      totals[k] = totals.get(k, 0.0) + float(v)
-  return summarize(totals, prefix)
-
-
 class _StopSignal:
   """Turns SIGTERM / SIGINT into a flag the loop checks after each step."""
 
@@ -309,24 +297,35 @@ def log_progress(record: dict[str, float], step: int, total: int) -> None:
 
 
 def restore_or_init(trainer: Trainer, checkpointer: Checkpointer, meta: dict[str, Any],
-                    seed: int, workdir: str) -> TrainState:
-  """The newest usable checkpoint's state, or a fresh one."""
+                    config: Any, workdir: str, tracker: Tracker | None) -> TrainState:
+  """The newest usable checkpoint's state (and the tracker's state saved with it); else the
+  parameters of `config.init_from` (fine-tuning); else a fresh state."""
   restored = checkpointer.restore_latest(trainer.abstract_state, check_meta(meta))
-  if restored is None:
-    logging.info("Starting from scratch in %s", workdir)
-    return trainer.init_state(seed)
-  logging.info("Resumed from the checkpoint of step %d in %s", restored[1], workdir)
-  return restored[0]
+  if restored is not None:
+    state, step = restored
+    logging.info("Resumed from the checkpoint of step %d in %s", step, workdir)
+    if tracker is not None:
+      tracker.restore_state(checkpointer.read_meta(step).get("best_checkpoint"))
+    return state
+  if config.get("init_from"):
+    return finetune.initial_state(trainer, config, meta)
+  logging.info("Starting from scratch in %s", workdir)
+  return trainer.init_state(config.seed)
 
 
 def evaluation_params(config: Any, trainer: Trainer, checkpointer: Checkpointer,
-                      params: Any) -> Any:
-  """`params`, or the mean of the last `average_last_checkpoints` checkpoints (section 6.1)."""
-  if config.average_last_checkpoints <= 1:
-    return params
-  steps = checkpointer.all_steps()[-config.average_last_checkpoints:]
-  logging.info("Evaluating the average of the checkpoints of steps %s", steps)
-  return average_params(checkpointer, steps, trainer.abstract_state)
+                      params: Any, best: BestCheckpoint | None = None) -> tuple[Any, str]:
+  """The parameters the final evaluation uses and what they are: the mean of the last
+  `average_last_checkpoints` checkpoints (section 6.1) when that is 2 or more; else the best
+  checkpoint's, when the run keeps one; else `params`."""
+  if config.average_last_checkpoints > 1:
+    steps = checkpointer.all_steps()[-config.average_last_checkpoints:]
+    logging.info("Evaluating the average of the checkpoints of steps %s", steps)
+    return average_params(checkpointer, steps, trainer.abstract_state), f"average of {steps}"
+  if best is not None and (step := best.step()) is not None:
+    logging.info("Evaluating the best checkpoint, of step %d", step)
+    return best.checkpointer.restore(step, trainer.abstract_state).params, f"best, step {step}"
+  return params, "final"
 
 
 def train_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
@@ -334,14 +333,17 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
 
   `workdir` may be local or in an object store (`gs://...`). Process 0 holds the workdir's
   lock for the whole run. Returns the final metrics (with `interrupted` set if a signal
-  stopped the run).
+  stopped the run, and `stopped_early` the reason if early stopping did).
   """
   model_config = validate(config, jax.device_count())
   reader = input_pipeline.open_reader(config)  # Checks the data before writing anything.
+  source = finetune.check_source(config, model_config) if config.get("init_from") else None
   workdir = os.fspath(storage.check_writable(workdir))
   if jax.process_index() == 0:
     # The run's config, for every other mode (transformer/workdir_config.py).
     workdir_config.save(config, workdir)
+    if source is not None:
+      finetune.copy_vocabulary(source, workdir)
   if config.data.get("cache_dir"):
     storage.check_writable(config.data.cache_dir, "--config.data.cache_dir")
   compilation.use_persistent_cache(config.compilation_cache_dir)  # before the first compile
@@ -366,24 +368,31 @@ def _train_and_evaluate(config: Any, workdir: str, model_config: ModelConfig,
   meta = run_meta(config, model_config, data.tokenizer.sha256)
   trainer = Trainer(config, mesh, model_config)
   checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), config.keep_checkpoints)
+  tracker = Tracker.from_config(config)
+  best = BestCheckpoint(workdir) if tracker is not None else None
   writer = None
   ahead = None
   profiler = None
   try:
-    state = restore_or_init(trainer, checkpointer, meta, config.seed, workdir)
+    state = restore_or_init(trainer, checkpointer, meta, config, workdir, tracker)
     step = int(jax.device_get(state.step))
+    # A run that stopped early and is started again goes straight to its final evaluation.
+    stopped_early = stop_reason(tracker) if tracker is not None and tracker.should_stop() else None
     writer = MetricWriter(workdir)
     writer.truncate_after(step)
-    translator = Translator(model_config, config.decode, mesh, trainer.state_shardings.params,
-                            data.buckets)
-    bleu_pairs = data.references["validation"][: config.eval_bleu_sentences or None]
+    context = evaluators.Context(
+      trainer, lambda decode: Translator(model_config, decode, mesh,
+                                         trainer.state_shardings.params, data.buckets),
+      data.tokenizer, data.eval, data.references, workdir, config)
+    evals = evaluators.build(evaluators.of_config(config), context)
     logging.info("Model: %s parameters; mesh %s; batch shapes %s",
                  f"{count_params(trainer.abstract_state.params):,}",
                  dict(mesh.shape), data.train.shapes())
 
     def save(step: int, state: TrainState) -> None:
       check_nonfinite(config, state)  # Never checkpoint a run that has diverged.
-      checkpointer.save(step, state, meta)
+      extra = {"best_checkpoint": tracker.state()} if tracker is not None else {}
+      checkpointer.save(step, state, {**meta, **extra})
 
     # Batch i is a pure function of (seed, i), built ahead in a thread; resuming is exact.
     ahead = Prefetcher(lambda i: sharding_lib.local_batch_to_global(data.train.batch(i), mesh),
@@ -391,7 +400,7 @@ def _train_and_evaluate(config: Any, workdir: str, model_config: ModelConfig,
     # Every batch shape of training and evaluation, compiled now rather than when it first
     # comes up in the loop; and the learning rate's few eager operations.
     compile_start = time.time()
-    if step < config.num_train_steps:
+    if step < config.num_train_steps and not stopped_early:
       trainer.precompile(data.train.shapes(),
                          eval_shapes(data.eval["validation"] + data.eval["test"]))
       trainer.learning_rate(step)
@@ -409,7 +418,7 @@ def _train_and_evaluate(config: Any, workdir: str, model_config: ModelConfig,
                   None if peak is None else peak * jax.device_count())
     profiler = Profiler(config.profile_steps, workdir)
     profiler.step(step)
-    while step < config.num_train_steps:
+    while step < config.num_train_steps and not stopped_early:
       t0 = time.time()
       batch = ahead.next()
       meter.host_time += time.time() - t0
@@ -423,19 +432,20 @@ def _train_and_evaluate(config: Any, workdir: str, model_config: ModelConfig,
         log_progress(record, step, config.num_train_steps)
         check_nonfinite(config, state)
         meter.reset(step)
-      if every(step, config.eval_every_steps, config.num_train_steps):
-        record = evaluate(trainer, state.params, data.eval["validation"], "eval")
-        writer.write(step, record)
-        logging.info("eval at step %d: %s", step, _fmt(record))
-      if every(step, config.bleu_every_steps, config.num_train_steps):
-        scores, _ = translate_and_score(
-          translator, state.params, data.tokenizer, bleu_pairs,
-          os.path.join(workdir, "translations", f"validation_{step}.txt"))
-        writer.write(step, {f"eval/{k}": v.score for k, v in scores.items()})
-        logging.info("validation at step %d: BLEU %.2f, chrF %.2f, TER %.2f", step,
-                     scores["bleu"].score, scores["chrf"].score, scores["ter"].score)
-      if every(step, config.checkpoint_every_steps, config.num_train_steps):
+      # The last step too when a best checkpoint is kept: it may be the best.
+      due = evaluators.due(evals, step, config.num_train_steps + (tracker is not None))
+      if due:
+        result = evaluators.run_all(due, state.params, step)
+        writer.write(step, result.metrics)
+        logging.info("evaluation at step %d: %s", step, _fmt(result.metrics))
+        if tracker is not None and tracker.metric in result.metrics:
+          stopped_early = track_best(tracker, best, step, state, meta,
+                                     result.metrics[tracker.metric], writer)
+      if every(step, config.checkpoint_every_steps, config.num_train_steps) or stopped_early:
         save(step, state)
+      if stopped_early:
+        logging.warning("stopping early at step %d: %s", step, stopped_early)
+        break
       if stop.received is not None:
         save(step, state)
         checkpointer.wait()
@@ -448,11 +458,12 @@ def _train_and_evaluate(config: Any, workdir: str, model_config: ModelConfig,
     ahead.close()
     save(step, state)
     checkpointer.wait()
-    params = evaluation_params(config, trainer, checkpointer, state.params)
-    final = final_evaluation(config, trainer, translator, params, data.tokenizer, data.eval,
-                             data.references, workdir, step)
-    writer.write(step, {k: v for k, v in final.items() if isinstance(v, float)})
-    return {"interrupted": None, "step": step, **final}
+    params, label = evaluation_params(config, trainer, checkpointer, state.params, best)
+    final = evaluators.run_all(evals, params, step)
+    writer.write(step, final.metrics)
+    return {"interrupted": None, "step": step, "stopped_early": stopped_early,
+            "evaluated": label, **final.metrics, "signatures": final.signatures,
+            "samples": final.samples}
   finally:
     # Also on errors: wait for an async save in flight, so it finishes or is cleanly dropped.
     if profiler is not None:
@@ -460,41 +471,29 @@ def _train_and_evaluate(config: Any, workdir: str, model_config: ModelConfig,
     if ahead is not None:
       ahead.close()
     checkpointer.close()
+    if best is not None:
+      best.close()
     if writer is not None:
       writer.close()
 
 
-def final_evaluation(config: Any, trainer: Trainer, translator: Translator, params: Any,
-                     tokenizer: Any, evals: dict[str, list[dict[str, np.ndarray]]],
-                     references: dict[str, list[tuple[str, str]]], workdir: str, step: int,
-                     tag: str = "") -> dict[str, Any]:
-  """Validation loss, and validation and test BLEU, chrF and TER of `params` (the end of
-  training, `--mode=average`).
+def track_best(tracker: Tracker, best: BestCheckpoint, step: int, state: TrainState,
+               meta: dict[str, Any], value: float, writer: MetricWriter) -> str | None:
+  """Updates the tracker with the evaluation of `step`, saves a new best; returns why the run
+  stops early, or None."""
+  if tracker.update(step, value):
+    best.save(step, state, meta, tracker)
+    log_improvement(tracker, step)
+  writer.write(step, {"best/step": float(tracker.best_step),
+                      "best/value": float(tracker.best_value)})
+  return stop_reason(tracker) if tracker.should_stop() else None
 
-  Metric keys are `{tag}eval/...` and `{tag}test/{bleu,chrf,ter}`; the translations are
-  written to `<workdir>/translations/{tag}validation_{step}.txt` and `{tag}test_{step}.txt`.
-  Also returns the test scores' signatures (`bleu_signature`, `chrf_signature`,
-  `ter_signature`) and a few (source, hypothesis, reference) `samples`.
-  """
-  final: dict[str, Any] = evaluate(trainer, params, evals["validation"], f"{tag}eval")
-  out = os.path.join(workdir, "translations")
-  bleu_pairs = references["validation"][: config.eval_bleu_sentences or None]
-  valid, _ = translate_and_score(translator, params, tokenizer, bleu_pairs,
-                                 os.path.join(out, f"{tag}validation_{step}.txt"))
-  final.update({f"{tag}eval/{k}": v.score for k, v in valid.items()})
-  test = references["test"]
-  tested, test_hyps = translate_and_score(translator, params, tokenizer, test,
-                                          os.path.join(out, f"{tag}test_{step}.txt"))
-  final.update({f"{tag}test/{k}": v.score for k, v in tested.items()})
-  if corpora.is_wmt(config.dataset):
-    final[f"{tag}test/bleu_tokenized"] = bleu_lib.tokenized_bleu(
-      test_hyps, [t for _, t in test]).score
-  n = config.num_samples_to_print
-  final["bleu_signature"] = tested["bleu"].signature
-  final["chrf_signature"] = tested["chrf"].signature
-  final["ter_signature"] = tested["ter"].signature
-  final["samples"] = [(s, h, t) for (s, t), h in zip(test[:n], test_hyps[:n], strict=True)]
-  return final
+
+def stop_reason(tracker: Tracker) -> str:
+  return (f"{tracker.metric} has not improved by more than {tracker.min_delta:g} in "
+          f"{tracker.evaluations_without_improvement} evaluations (early_stopping.patience="
+          f"{tracker.patience}); the best is {tracker.best_value:.4f} at step "
+          f"{tracker.best_step}")
 
 
 def check_nonfinite(config: Any, state: TrainState) -> None:

@@ -177,7 +177,7 @@ def decode_hypotheses(params: Any, inputs: Array, model_config: ModelConfig, sea
   if search.method == "beam":
     seqs, scores, log_probs = decode_lib.beam_search(
       tokens_to_logits, cache, batch_size=batch, beam_size=beams, alpha=search.alpha,
-      max_lengths=max_lengths, max_len=max_len, reorder=reorder)
+      max_lengths=max_lengths, max_len=max_len, reorder=reorder, num_hypotheses=nbest)
     return seqs[:, :nbest], scores[:, :nbest], log_probs[:, :nbest]
   if search.method == "greedy":
     seqs, log_probs = decode_lib.greedy_decode(tokens_to_logits, cache, batch_size=batch,

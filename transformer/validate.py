@@ -19,10 +19,10 @@ from typing import Any
 
 from transformer import attention as attn_lib
 from transformer import dropout as dropout_lib
-from transformer import profiling
+from transformer import evaluators, profiling
 from transformer import sharding as sharding_lib
 from transformer.data.input_pipeline import BUCKET_MULTIPLE
-from transformer.errors import ConfigError
+from transformer.errors import ConfigError, show
 from transformer.model import DTYPES, POSITIONAL, REMAT_POLICIES, ModelConfig
 from transformer.model_family import KINDS
 from transformer.translate import METHODS
@@ -31,6 +31,7 @@ from transformer.translate import METHODS
 # is opened, transformer/data/corpora.py).
 DATASETS = ("numbers", "wmt14", "text")
 NONFINITE = ("skip", "stop")
+BEST_MODES = ("max", "min")
 NUMBERS_VARIANTS = ("default", "tiny")  # the builder configs of data/numbers.py
 AUTO = "auto"
 
@@ -289,12 +290,17 @@ FIELDS: dict[str, Check] = {
   "optimizer.grad_clip_norm": number(0, 1e12),
   "num_train_steps": integer(0, MAX_STEPS),
   "log_every_steps": integer(1, MAX_STEPS),
-  "eval_every_steps": integer(1, MAX_STEPS),
-  "bleu_every_steps": integer(0, MAX_STEPS, " (0: at the end only)"),
+  # `evals.*` (a mapping of evaluators) is checked by evaluators.check.
   "checkpoint_every_steps": integer(1, MAX_STEPS),
   "keep_checkpoints": integer(1, MAX_COUNT),
   "average_last_checkpoints": integer(0, MAX_COUNT),
-  "eval_bleu_sentences": integer(0, MAX_COUNT, " (0: all)"),
+  "best_checkpoint.metric": text(None, "a metric of an evaluator that runs in the loop, e.g. "
+                                 "'eval/bleu', or '' for none", optional=True),
+  "best_checkpoint.mode": choice(BEST_MODES, optional=True),
+  "early_stopping.patience": integer(0, MAX_COUNT, " (0: never stop early)", optional=True),
+  "early_stopping.min_delta": number(0, 3e38, optional=True),
+  "init_from": text(None, "a workdir to start from, or '' for none", optional=True),
+  "init_from_optimizer": flag(optional=True),
   "num_samples_to_print": integer(0, MAX_COUNT),
   "nonfinite": choice(NONFINITE),
   "max_consecutive_nonfinite": integer(1, MAX_COUNT),
@@ -322,14 +328,6 @@ FIELDS: dict[str, Check] = {
 }
 
 
-def _show(value: Any) -> str:
-  """`value` as one short line for a message."""
-  if hasattr(value, "to_dict"):
-    value = value.to_dict()
-  shown = " ".join(repr(value).split())
-  return shown if len(shown) <= 80 else shown[:77] + "..."
-
-
 def _lookup(config: Any, field: str) -> Any:
   node = config
   for part in field.split("."):
@@ -347,7 +345,7 @@ def check_field(field: str, check: Check, value: Any) -> None:
     return
   problem = check.problem(value)
   if problem is not None:
-    raise ConfigError(f"{field}={_show(value)}: {problem}")
+    raise ConfigError(f"{field}={show(value)}: {problem}")
 
 
 def check_fields(config: Any, fields: dict[str, Check]) -> None:
@@ -381,6 +379,7 @@ def validate(config: Any, num_devices: int) -> ModelConfig:
   model config. Raises ConfigError (one line naming the field)."""
   check_fields(config, FIELDS)
   mc = model_config(config)
+  _check_evaluation(config)
   _check_corpus(config)
   train_row, eval_row = _check_lengths(config, mc)
   _check_batches(config, train_row, eval_row)
@@ -388,6 +387,22 @@ def validate(config: Any, num_devices: int) -> ModelConfig:
   dp, fsdp, tensor = _check_mesh(config, mc, num_devices)
   _check_memory(config, mc, train_row, eval_row, dp * fsdp, fsdp * tensor, tensor)
   return mc
+
+
+def _check_evaluation(config: Any) -> None:
+  """The evaluators, and the best checkpoint's metric against what they report."""
+  evals = evaluators.of_config(config)
+  evaluators.check(evals)
+  metric = config.get("best_checkpoint", {}).get("metric", "")
+  periodic = evaluators.metric_names(evals, periodic_only=True)
+  if metric and metric not in periodic:
+    raise ConfigError(
+      f"best_checkpoint.metric={metric!r}: not reported by an evaluator that runs in the loop "
+      f"(every_steps > 0): {', '.join(periodic) or 'none does'}")
+  patience = config.get("early_stopping", {}).get("patience", 0)
+  if patience and not metric:
+    raise ConfigError(f"early_stopping.patience={patience}: needs best_checkpoint.metric, the "
+                      "metric whose improvement it waits for")
 
 
 def _check_corpus(config: Any) -> None:

@@ -43,7 +43,7 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   if variant == "wmt":
     config = wmt.get_config("base")
     config.average_last_checkpoints = 0  # Table 3: "no checkpoint averaging"
-    config.bleu_every_steps = 0  # dev BLEU once, at the end
+    config.evals.valid_translation.every_steps = 0  # dev BLEU once, at the end
     return config
   config = numbers.get_config()
   config.name = "heads"
@@ -54,11 +54,11 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   config.num_train_steps = 300
   config.optimizer.warmup_steps = 200
   config.log_every_steps = 25
-  config.eval_every_steps = 300  # the final evaluation only
+  config.evals.valid_loss.every_steps = 300  # the final evaluation only
   config.checkpoint_every_steps = 100
   config.keep_checkpoints = 1
   config.average_last_checkpoints = 0  # the final parameters, as Table 3 (no averaging)
-  config.eval_bleu_sentences = 200
+  config.evals.valid_translation.sentences = 200
   config.decode.beam_size = 1  # greedy: beam 4 would double each point's time on 2 cores
   config.num_samples_to_print = 0
   return config

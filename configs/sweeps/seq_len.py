@@ -43,11 +43,11 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   config.num_train_steps = 1000
   config.optimizer.warmup_steps = 400
   config.log_every_steps = 50
-  config.eval_every_steps = 1000
+  config.evals.valid_loss.every_steps = 1000
   config.checkpoint_every_steps = 250
   config.keep_checkpoints = 1
   config.average_last_checkpoints = 0  # evaluate the final parameters
-  config.eval_bleu_sentences = 200
+  config.evals.valid_translation.sentences = 200
   config.decode.beam_size = 1
   config.num_samples_to_print = 0
   return config

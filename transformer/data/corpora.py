@@ -44,11 +44,6 @@ def tfds_name(dataset: str) -> str:
   return SHORT_NAMES.get(dataset, dataset)
 
 
-def is_wmt(dataset: str) -> bool:
-  """Whether the corpus is a WMT task, scored also by the paper's tokenized BLEU."""
-  return tfds_name(dataset).startswith("wmt")
-
-
 def open_corpus(config: Any) -> Reader:
   """The corpus of `config.dataset`, in the direction data.source_lang -> data.target_lang.
 

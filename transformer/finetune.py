@@ -1,0 +1,133 @@
+"""Fine-tuning: a run that starts from another model's parameters (`config.init_from`).
+
+The source is a workdir, local or `gs://`: one trained here, or an imported model's. Its best
+checkpoint is taken if it keeps one, else its newest. The new run takes its parameters only
+(`config.init_from_optimizer=True`: its Adam moments too), starts at step 0 with a fresh
+optimizer and this config's schedule, and uses the source's vocabulary, copied into the new
+workdir before anything else would train one. The model must be the source's: a model field
+that differs (other than how the computation is done: `checkpoint.COMPATIBLE_FIELDS`, e.g.
+dropout) or another `data.vocab_size` is one line naming the field.
+
+Only the first start of a run reads the source; a restarted run resumes from its own
+checkpoints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from absl import logging
+
+from transformer import storage, workdir_config
+from transformer.best_checkpoint import DIRECTORY as BEST_DIRECTORY
+from transformer.best_checkpoint import BestCheckpoint
+from transformer.checkpoint import COMPATIBLE_FIELDS, Checkpointer, check_meta
+from transformer.errors import ConfigError, show
+from transformer.model import ModelConfig
+
+VOCAB = "vocab"
+# The vocabulary's key to the corpus it was trained on (input_pipeline.get_tokenizer): the new
+# run's corpus is another, so the key is not copied and the new run writes its own.
+NOT_COPIED = ("corpus.sha256",)
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+  """The model a run starts from: its workdir, and the checkpoint directory and step taken."""
+
+  workdir: str
+  checkpoints: str
+  step: int
+
+
+def check_source(config: Any, model_config: ModelConfig) -> Source:
+  """Checks `config.init_from` before any work: a workdir with a saved config, a vocabulary
+  and a checkpoint, whose model fields and vocabulary size are this config's."""
+  source = config.init_from
+  if not isinstance(source, str) or not source:
+    raise ConfigError(f"init_from={show(source)}: must be a workdir path ('' for none)")
+  path = storage.as_path(source)
+  saved = workdir_config.load(source) if path.is_dir() else None
+  if saved is None:
+    raise ConfigError(f"init_from={source}: no {workdir_config.FILE} there; it must be a "
+                      "workdir trained or imported by this program")
+  if not (path / VOCAB).is_dir():
+    raise ConfigError(f"init_from={source}: no {VOCAB}/ directory (the source's vocabulary)")
+  if config.data.vocab_size != saved.data.vocab_size:
+    raise ConfigError(
+      f"data.vocab_size={config.data.vocab_size} but init_from={source} has "
+      f"{saved.data.vocab_size}: fine-tuning keeps the source's vocabulary")
+  theirs = dict(saved.model)
+  ours = dataclasses.asdict(model_config)
+  for field in sorted(set(theirs) | set(ours)):
+    if field in COMPATIBLE_FIELDS:
+      continue
+    if theirs.get(field) != ours.get(field):
+      raise ConfigError(
+        f"model.{field}={ours.get(field)!r} but init_from={source} has {theirs.get(field)!r}: "
+        "fine-tuning keeps the source's model")
+  best = BestCheckpoint(source) if (path / BEST_DIRECTORY).is_dir() else None
+  step = best.step() if best is not None else None
+  if best is not None:
+    best.close()
+  if step is not None:
+    return Source(source, os.path.join(source, BEST_DIRECTORY), step)
+  checkpointer = Checkpointer(os.path.join(source, "checkpoints"), None, async_save=False)
+  try:
+    step = checkpointer.latest_step()
+  finally:
+    checkpointer.close()
+  if step is None:
+    raise ConfigError(f"init_from={source}: no checkpoint in {source}/checkpoints")
+  return Source(source, os.path.join(source, "checkpoints"), step)
+
+
+def copy_vocabulary(source: Source, workdir: str) -> None:
+  """Copies the source's vocabulary files into `<workdir>/vocab` (once: a workdir that has
+  its vocabulary already keeps it, and the checkpoints' vocabulary check refuses a
+  mismatch)."""
+  target = storage.as_path(workdir) / VOCAB
+  if target.exists():
+    return
+  for file in sorted((storage.as_path(source.workdir) / VOCAB).iterdir()):
+    if file.name in NOT_COPIED or file.is_dir():
+      continue
+    storage.write_atomic(target / file.name, file.read_bytes())
+  logging.info("Copied the vocabulary of %s into %s", source.workdir, target)
+
+
+def initial_state(trainer: Any, config: Any, meta: dict[str, Any]) -> Any:
+  """The state a fine-tuning run starts from: the source's parameters at step 0, with a fresh
+  optimizer state (or the source's, with `init_from_optimizer`)."""
+  source = check_source(config, trainer.model_config)
+  checkpointer = Checkpointer(source.checkpoints, None, async_save=False)
+  try:
+    path = checkpointer.path / str(source.step)
+    check_meta(meta)(checkpointer.read_meta(source.step), path)
+    fresh = trainer.init_state(config.seed)
+    part = {"params": trainer.abstract_state.params}
+    if config.get("init_from_optimizer"):
+      part["opt_state"] = trainer.abstract_state.opt_state
+    restored = checkpointer.restore_part(source.step, part)
+  finally:
+    checkpointer.close()
+  logging.info("Starting from the parameters of %s (step %d)%s", path, source.step,
+               ", with its optimizer state" if config.get("init_from_optimizer") else "")
+  state = fresh.replace(params=restored["params"])
+  if config.get("init_from_optimizer"):
+    # The schedule restarts; Adam's moments and their count (its bias correction) are kept.
+    state = state.replace(opt_state=_schedule_restarted(restored["opt_state"]))
+  return state
+
+
+def _schedule_restarted(opt_state: Any) -> Any:
+  """`opt_state` with the learning-rate schedule's step count at zero."""
+  is_schedule = lambda x: isinstance(x, optax.ScaleByScheduleState)
+  return jax.tree.map(
+    lambda x: x._replace(count=jnp.zeros_like(x.count)) if is_schedule(x) else x, opt_state,
+    is_leaf=is_schedule)
