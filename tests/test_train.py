@@ -14,7 +14,8 @@ import pytest
 from configs import numbers as numbers_config
 from tests.xla_flags import FAST_COMPILE
 from transformer import checkpoint as checkpoint_lib
-from transformer.train_state import cross_entropy, learning_rate_schedule, make_train_step
+from transformer.schedules import paper_schedule
+from transformer.train_state import cross_entropy, make_train_step
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -199,7 +200,7 @@ def test_config_overrides_reach_the_config():
 
 
 def test_learning_rate_schedule_matches_equation_3():
-  schedule = learning_rate_schedule(512, 4000)
+  schedule = paper_schedule(512, 4000)
   for step in (1, 100, 4000, 4001, 100000):
     expected = 512**-0.5 * min(step**-0.5, step * 4000**-1.5)
     np.testing.assert_allclose(float(schedule(step - 1)), expected, rtol=1e-5)

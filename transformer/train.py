@@ -34,12 +34,14 @@ from transformer.model import ModelConfig
 from transformer.model_family import build_model, count_params
 from transformer.prefetch import Prefetcher
 from transformer.profiling import Profiler
+from transformer.schedules import learning_rate_schedule
 from transformer.train_state import (
   TrainState,
-  learning_rate_schedule,
+  create_train_state,
   make_eval_step,
   make_optimizer,
   make_train_step,
+  optimizer_value,
 )
 from transformer.translate import Translator, translate_and_score
 from transformer.validate import validate
@@ -53,19 +55,17 @@ class Trainer:
     self.mesh = mesh
     self.model_config = model_config
     self.model = build_model(model_config)
-    opt = config.optimizer
-    # Equation 3, built once: the optimiser follows it and the metrics log it.
-    self.learning_rate_fn = learning_rate_schedule(model_config.d_model, opt.warmup_steps,
-                                                   opt.learning_rate_scale)
+    # The schedule, built once: the optimiser follows it and the metrics log it.
+    self.learning_rate_fn = learning_rate_schedule(config)
     self.tx = make_optimizer(config, self.learning_rate_fn)
+    ema_decay = optimizer_value(config, "ema_decay")
     self.rules = sharding_lib.rules(config)
 
     def init_boxed(rng):
       dummy = jnp.ones((1, 8), jnp.int32)
       params = self.model.init({"params": rng}, dummy, dummy)["params"]
-      zero = jnp.zeros((), jnp.int32)
-      return TrainState(step=zero, params=params, opt_state=self.tx.init(params),
-                        nonfinite_in_a_row=zero, nonfinite_total=zero)
+      # Boxed parameters: the optimiser state and the average get their logical axes too.
+      return create_train_state(params, self.tx, ema=ema_decay > 0)
 
     with self.context():
       abstract = jax.eval_shape(init_boxed, jax.random.key(0))
@@ -79,7 +79,8 @@ class Trainer:
     self._init = jax.jit(lambda rng: nn.unbox(init_boxed(rng)),
                          out_shardings=self.state_shardings)
     self._train_step = jax.jit(
-      make_train_step(self.model, self.tx, config.label_smoothing, config.grad_accum_steps),
+      make_train_step(self.model, self.tx, config.label_smoothing, config.grad_accum_steps,
+                      ema_decay),
       in_shardings=(self.state_shardings, batch, replicated),
       out_shardings=(self.state_shardings, replicated),
       donate_argnums=0,
@@ -424,12 +425,12 @@ def _train_and_evaluate(config: Any, workdir: str, model_config: ModelConfig,
         check_nonfinite(config, state)
         meter.reset(step)
       if every(step, config.eval_every_steps, config.num_train_steps):
-        record = evaluate(trainer, state.params, data.eval["validation"], "eval")
+        record = evaluate(trainer, state.eval_params, data.eval["validation"], "eval")
         writer.write(step, record)
         logging.info("eval at step %d: %s", step, _fmt(record))
       if every(step, config.bleu_every_steps, config.num_train_steps):
         scores, _ = translate_and_score(
-          translator, state.params, data.tokenizer, bleu_pairs,
+          translator, state.eval_params, data.tokenizer, bleu_pairs,
           os.path.join(workdir, "translations", f"validation_{step}.txt"))
         writer.write(step, {f"eval/{k}": v.score for k, v in scores.items()})
         logging.info("validation at step %d: BLEU %.2f, chrF %.2f, TER %.2f", step,
@@ -448,7 +449,7 @@ def _train_and_evaluate(config: Any, workdir: str, model_config: ModelConfig,
     ahead.close()
     save(step, state)
     checkpointer.wait()
-    params = evaluation_params(config, trainer, checkpointer, state.params)
+    params = evaluation_params(config, trainer, checkpointer, state.eval_params)
     final = final_evaluation(config, trainer, translator, params, data.tokenizer, data.eval,
                              data.references, workdir, step)
     writer.write(step, {k: v for k, v in final.items() if isinstance(v, float)})
