@@ -171,6 +171,7 @@ def test_wmt_without_data_fails_at_once_with_one_line(tmp_path):
   ("--config.data.tokens_per_batch=0", "data.tokens_per_batch"),
   ("--config.data.packed_target_len=1", "data.packed_target_len"),
   ("--config.optimizer.warmup_steps=-5", "optimizer.warmup_steps"),
+  ("--config.optimizer.schedule=linear", "optimizer.schedule"),
 ])
 def test_invalid_config_exits_2_with_one_line_naming_the_field(tmp_path, override, field):
   workdir = tmp_path / "w"
