@@ -15,7 +15,7 @@ from ml_collections import config_dict
 from configs import numbers as numbers_config
 from tests.test_faults import one_error_line, tree_digest
 from tests.test_sharding import make_trainer
-from tests.test_train import TINY, assert_same_run, read_metrics, run_main
+from tests.test_train import TINY, read_metrics, run_main
 from transformer import sharding as sharding_lib
 from transformer.checkpoint import Checkpointer, check_meta, run_meta
 from transformer.errors import CheckpointError, ConfigError
@@ -83,11 +83,13 @@ def test_each_schedule_follows_its_formula(name, fields):
                          init=fields.get("warmup_init_lr", 0.0),
                          end=fields.get("end_learning_rate", 0.0),
                          total=config.num_train_steps) for c in counts]
-  # As the optimiser calls it (int32 counts, jitted) and as the metrics do (Python ints).
+  # As the optimiser calls it (int32 counts, jitted) and as the metrics do (Python ints). Near
+  # the cosine's end, 1 + cos(x) cancels in float32: an absolute 1e-7 of the peak there.
+  atol = 1e-7 * fields["learning_rate"]
   jitted = jax.jit(schedule)(jnp.asarray(counts, jnp.int32))
-  np.testing.assert_allclose(jitted, expected, rtol=2e-6, atol=1e-12)
+  np.testing.assert_allclose(jitted, expected, rtol=2e-6, atol=atol)
   np.testing.assert_allclose([float(schedule(c)) for c in counts], expected, rtol=2e-6,
-                             atol=1e-12)
+                             atol=atol)
   assert float(schedule(0)) > 0 or (warmup == 0 and name == "cosine")  # the first update moves
   if warmup:
     # The peak is reached at step warmup_steps, i.e. after warmup_steps - 1 updates.
@@ -358,11 +360,13 @@ def test_metadata_written_before_the_new_fields_is_read_as_without_them():
 ])
 def test_optimizer_fields(field, good, bad):
   name = field.split(".")[1]
+  # A warm-up shorter than the tiny run of 6 steps, as 'cosine' needs.
+  fields = lambda value: {"warmup_steps": 2, name: value}  # noqa: E731
   for value in good:
-    validate(config_with(**{name: value}), 1)
+    validate(config_with(**fields(value)), 1)
   for value in bad:
     with pytest.raises(ConfigError, match=f"^{field}=") as e:
-      validate(config_with(**{name: value}), 1)
+      validate(config_with(**fields(value)), 1)
     assert "\n" not in str(e.value)
 
 
@@ -464,16 +468,20 @@ def test_evaluation_and_inference_use_the_average(ema_run):
 
 @pytest.mark.slow
 def test_a_run_stopped_and_resumed_ends_as_one_run_with_the_same_average(ema_run, tmp_path):
-  """Steps 1-3, then a second command for steps 4-6: bitwise the uninterrupted run, the
-  average and Adam's moments included."""
+  """Steps 1-3, then a second command for steps 4-6: the checkpoints of the uninterrupted run,
+  bitwise, the average and Adam's moments included."""
   workdir = str(tmp_path / "w")
   for steps in (3, 6):
     proc = run_main(*EMA_RUN, f"--workdir={workdir}", f"--config.num_train_steps={steps}")
     assert proc.returncode == 0, proc.stderr[-3000:]
   assert "Resumed from the checkpoint of step 3" in proc.stderr
-  assert_same_run(ema_run, workdir, 6)
-  jax.tree.map(np.testing.assert_array_equal, saved_states(ema_run)[6],
-               saved_states(workdir)[6])
+  straight, resumed = saved_states(ema_run), saved_states(workdir)
+  assert sorted(resumed) == [3, 6]
+  for step in (3, 6):
+    jax.tree.map(np.testing.assert_array_equal, straight[step], resumed[step])
+  # The log window of step 6 (steps 5 and 6) is the same in both runs.
+  loss = lambda w: {r["step"]: r["train/loss"] for r in read_metrics(w) if "train/loss" in r}  # noqa: E731
+  assert loss(workdir)[6] == loss(ema_run)[6]
 
 
 def test_turning_the_average_off_on_resume_is_one_line_and_touches_nothing(ema_run, tmp_path):

@@ -205,4 +205,5 @@ def check_meta(expected: dict[str, Any]):
             f"has {wanted!r} ({on(wanted)}): it restores only with optimizer.{name} "
             f"{on(saved)}; change that or use a new --workdir"
           )
+
   return check
