@@ -53,14 +53,37 @@ def base_config() -> config_dict.ConfigDict:
   # other, and makes one update with the whole batch's mean gradient (less activation memory,
   # the same math; train_state.make_train_step). A checkpoint resumes with any value.
   config.grad_accum_steps = 1
+  # Adam (section 5.3) on a learning-rate schedule (transformer/schedules.py; docs/training.md).
   config.optimizer = config_dict.ConfigDict()
   config.optimizer.b1 = 0.9
   config.optimizer.b2 = 0.98
   config.optimizer.eps = 1e-9
-  config.optimizer.warmup_steps = 4000
-  # lr = scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)   (equation 3)
-  config.optimizer.learning_rate_scale = 1.0
-  config.optimizer.grad_clip_norm = 0.0  # 0: no clipping (the paper does not clip)
+  # paper: lr = learning_rate_scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)
+  #   (equation 3; learning_rate, warmup_init_lr and end_learning_rate unused).
+  # inverse_sqrt (fairseq's): linear warm-up from warmup_init_lr to learning_rate at step
+  #   warmup_steps, then learning_rate * sqrt(warmup_steps / step).
+  # cosine: the same warm-up, then a half cosine from learning_rate down to end_learning_rate
+  #   at step num_train_steps.
+  # constant: the same warm-up (none if warmup_steps is 0), then learning_rate.
+  config.optimizer.schedule = "paper"
+  config.optimizer.warmup_steps = 4000  # in steps; at least 1 for paper and inverse_sqrt
+  config.optimizer.learning_rate_scale = 1.0  # paper only
+  # The peak of the other schedules; 7e-4 is about equation 3's peak for d_model 512 and
+  # 4,000 warm-up steps (512^-0.5 * 4000^-0.5 = 6.99e-4).
+  config.optimizer.learning_rate = 7e-4
+  config.optimizer.warmup_init_lr = 0.0  # where their warm-up starts (step 0)
+  config.optimizer.end_learning_rate = 0.0  # cosine: the rate at num_train_steps
+  # > 0: AdamW, decoupled weight decay (Loshchilov & Hutter 2019): each update also subtracts
+  # lr * weight_decay * param from the weight matrices and embeddings (not from biases and
+  # LayerNorm scales); 0: Adam, as the paper. Turning it on or off needs a new workdir.
+  config.optimizer.weight_decay = 0.0
+  # > 0: the train state also keeps ema = ema_decay * ema + (1 - ema_decay) * params after
+  # every update (Marian's --exponential-smoothing), and evaluation, translation and export
+  # use it instead of the parameters; e.g. 0.9999. 0: off. Turning it on or off needs a new
+  # workdir; its value may change on resume.
+  config.optimizer.ema_decay = 0.0
+  # 0: no clipping (the paper does not clip). Turning it on or off needs a new workdir.
+  config.optimizer.grad_clip_norm = 0.0
 
   config.num_train_steps = 1000
   config.log_every_steps = 50

@@ -14,7 +14,8 @@ import pytest
 from configs import numbers as numbers_config
 from tests.xla_flags import FAST_COMPILE
 from transformer import checkpoint as checkpoint_lib
-from transformer.train_state import cross_entropy, learning_rate_schedule, make_train_step
+from transformer.schedules import paper_schedule
+from transformer.train_state import cross_entropy, make_train_step
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -170,6 +171,7 @@ def test_wmt_without_data_fails_at_once_with_one_line(tmp_path):
   ("--config.data.tokens_per_batch=0", "data.tokens_per_batch"),
   ("--config.data.packed_target_len=1", "data.packed_target_len"),
   ("--config.optimizer.warmup_steps=-5", "optimizer.warmup_steps"),
+  ("--config.optimizer.schedule=linear", "optimizer.schedule"),
 ])
 def test_invalid_config_exits_2_with_one_line_naming_the_field(tmp_path, override, field):
   workdir = tmp_path / "w"
@@ -199,7 +201,7 @@ def test_config_overrides_reach_the_config():
 
 
 def test_learning_rate_schedule_matches_equation_3():
-  schedule = learning_rate_schedule(512, 4000)
+  schedule = paper_schedule(512, 4000)
   for step in (1, 100, 4000, 4001, 100000):
     expected = 512**-0.5 * min(step**-0.5, step * 4000**-1.5)
     np.testing.assert_allclose(float(schedule(step - 1)), expected, rtol=1e-5)

@@ -25,6 +25,7 @@ from absl import logging
 from transformer import storage
 from transformer.errors import CheckpointError
 from transformer.model import ModelConfig
+from transformer.train_state import STATE_PARTS, optimizer_value
 
 
 class Checkpointer:
@@ -159,12 +160,13 @@ def _short(e: Exception) -> str:
 
 
 def average_params(checkpointer: Checkpointer, steps: list[int], abstract_state: Any) -> Any:
-  """Mean of the parameters of the checkpoints at `steps` (section 6.1: last 5 / last 20)."""
+  """Mean of the parameters of the checkpoints at `steps` (section 6.1: last 5 / last 20); of
+  their exponential moving averages when the states carry them (`TrainState.eval_params`)."""
   if not steps:
     raise CheckpointError(f"no checkpoints to average in {checkpointer.directory}")
   total = None
   for step in steps:
-    params = checkpointer.restore(step, abstract_state).params
+    params = checkpointer.restore(step, abstract_state).eval_params
     params = jax.tree.map(lambda x: x.astype(jnp.float32), params)
     total = params if total is None else jax.tree.map(jnp.add, total, params)
   return jax.tree.map(lambda x: x / np.float32(len(steps)), total)
@@ -183,7 +185,12 @@ COMPATIBLE_FIELDS = ("dtype", "attention", "attention_chunk_size", "remat", "dro
                       "attention_dropout_rate", "dropout_mask_bits")
 
 
-def check_meta(expected: dict[str, Any]):
+def check_meta(expected: dict[str, Any], parts: tuple[str, ...] | None = None):
+  """`check(meta, path)`: raises CheckpointError if the checkpoint's vocabulary or model
+  differs from `expected` (`run_meta`), or if one of the train state's optional `parts`
+  (default: all of `train_state.STATE_PARTS`) is on in one and off in the other."""
+  parts = STATE_PARTS if parts is None else parts
+
   def check(meta: dict[str, Any], path: str) -> None:
     if meta.get("vocab_sha256") != expected["vocab_sha256"]:
       raise CheckpointError(
@@ -199,5 +206,18 @@ def check_meta(expected: dict[str, Any]):
           f"checkpoint {path} has model.{field}={old.get(field)!r} but the config has "
           f"{new.get(field)!r}; use a new --workdir or the checkpoint's config"
         )
+    if "config" in meta:
+      # Clipping, weight decay and the average each add a part to the train state: turned on
+      # or off, the state has another tree, which the checkpoint cannot restore into.
+      for name in parts:
+        saved = optimizer_value(meta["config"], name)
+        wanted = optimizer_value(expected["config"], name)
+        if (saved > 0) != (wanted > 0):
+          on = lambda v: "on" if v > 0 else "off"  # noqa: E731
+          raise CheckpointError(
+            f"checkpoint {path} has optimizer.{name}={saved!r} ({on(saved)}) but the config "
+            f"has {wanted!r} ({on(wanted)}): it restores only with optimizer.{name} "
+            f"{on(saved)}; change that or use a new --workdir"
+          )
 
   return check

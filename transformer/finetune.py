@@ -29,6 +29,7 @@ from transformer.best_checkpoint import BestCheckpoint
 from transformer.checkpoint import COMPATIBLE_FIELDS, Checkpointer, check_meta
 from transformer.errors import ConfigError, show
 from transformer.model import ModelConfig
+from transformer.train_state import EmaTrainState, optimizer_value
 
 VOCAB = "vocab"
 # The vocabulary's key to the corpus it was trained on (input_pipeline.get_tokenizer): the new
@@ -71,6 +72,15 @@ def check_source(config: Any, model_config: ModelConfig) -> Source:
       raise ConfigError(
         f"model.{field}={ours.get(field)!r} but init_from={source} has {theirs.get(field)!r}: "
         "fine-tuning keeps the source's model")
+  if config.get("init_from_optimizer"):
+    # The optimizer state's tree has a part for each of these that is on.
+    for name in ("grad_clip_norm", "weight_decay"):
+      theirs_on = optimizer_value(saved, name) > 0
+      if theirs_on != (optimizer_value(config, name) > 0):
+        raise ConfigError(
+          f"init_from_optimizer=True but optimizer.{name} is "
+          f"{'off' if theirs_on else 'on'} here and {'on' if theirs_on else 'off'} in "
+          f"init_from={source}: the source's optimizer state fits only the same optimizer")
   best = BestCheckpoint(source) if (path / BEST_DIRECTORY).is_dir() else None
   step = best.step() if best is not None else None
   if best is not None:
@@ -108,9 +118,14 @@ def initial_state(trainer: Any, config: Any, meta: dict[str, Any]) -> Any:
   checkpointer = Checkpointer(source.checkpoints, None, async_save=False)
   try:
     path = checkpointer.path / str(source.step)
-    check_meta(meta)(checkpointer.read_meta(source.step), path)
+    saved = checkpointer.read_meta(source.step)
+    check_meta(meta, parts=())(saved, path)  # the vocabulary and the model
     fresh = trainer.init_state(config.seed)
-    part = {"params": trainer.abstract_state.params}
+    # The parameters the source evaluates and translates with: its average, if it kept one.
+    source_config = saved.get("config")
+    averaged = source_config is not None and optimizer_value(source_config, "ema_decay") > 0
+    key = "ema_params" if averaged else "params"
+    part = {key: trainer.abstract_state.params}
     if config.get("init_from_optimizer"):
       part["opt_state"] = trainer.abstract_state.opt_state
     restored = checkpointer.restore_part(source.step, part)
@@ -118,7 +133,9 @@ def initial_state(trainer: Any, config: Any, meta: dict[str, Any]) -> Any:
     checkpointer.close()
   logging.info("Starting from the parameters of %s (step %d)%s", path, source.step,
                ", with its optimizer state" if config.get("init_from_optimizer") else "")
-  state = fresh.replace(params=restored["params"])
+  state = fresh.replace(params=restored[key])
+  if isinstance(state, EmaTrainState):
+    state = state.replace(ema_params=restored[key])  # the average starts at the parameters
   if config.get("init_from_optimizer"):
     # The schedule restarts; Adam's moments and their count (its bias correction) are kept.
     state = state.replace(opt_state=_schedule_restarted(restored["opt_state"]))

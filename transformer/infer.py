@@ -27,6 +27,7 @@ from transformer.data.input_pipeline import vocab_path
 from transformer.data.tokenizer import Tokenizer
 from transformer.errors import CheckpointError, UserError
 from transformer.train import Trainer
+from transformer.train_state import optimizer_value
 from transformer.translate import Translator
 from transformer.validate import validate
 
@@ -51,8 +52,10 @@ class Restored:
     tokenizer: the workdir's vocabulary.
     trainer: model, mesh and jitted steps (its `eval_step` scores batches).
     translator: cached greedy / beam search over the mesh.
-    params: the parameters (newest checkpoint or an average), sharded like training's.
-    label: which parameters, e.g. 'step 2500' or 'average of steps [1500, 2000, 2500]'.
+    params: the parameters (newest checkpoint or an average), sharded like training's; of a
+      run with `optimizer.ema_decay` > 0, their exponential moving average.
+    label: which parameters, e.g. 'step 2500', 'average of steps [1500, 2000, 2500]' or
+      'step 2500 (EMA)'.
   """
 
   tokenizer: Tokenizer
@@ -64,7 +67,9 @@ class Restored:
 
 def restore(config: Any, workdir: str, average: int | None = None,
             checkpoint: str | None = None) -> Restored:
-  """Loads the newest checkpoint of `workdir` (local or gs://), or the mean of the last N.
+  """Loads the newest checkpoint of `workdir` (local or gs://), or the mean of the last N: its
+  parameters, or their exponential moving average when the run kept one (`optimizer.ema_decay`
+  > 0; the checkpoints are refused if the config says otherwise).
 
   Args:
     config: the config the workdir was trained with (model fields must match; the workdir's
@@ -95,7 +100,7 @@ def restore(config: Any, workdir: str, average: int | None = None,
     best, step = best_step_or_error(workdir)
     check_meta(meta)(best.read_meta(step), best.path / str(step))
     record = best.read_meta(step)["best"]
-    params = best.restore(step, trainer.abstract_state).params
+    params = best.restore(step, trainer.abstract_state).eval_params
     label = f"best checkpoint, step {step} ({record['metric']} {record['value']:.4f})"
     best.close()
   elif checkpoint not in (None, "latest"):
@@ -104,7 +109,8 @@ def restore(config: Any, workdir: str, average: int | None = None,
       raise CheckpointError(f"--checkpoint={checkpoint}: no such step in "
                             f"{checkpointer.directory} (steps {checkpointer.all_steps()})")
     check_meta(meta)(checkpointer.read_meta(step), checkpointer.path / str(step))
-    params, label = checkpointer.restore(step, trainer.abstract_state).params, f"step {step}"
+    params = checkpointer.restore(step, trainer.abstract_state).eval_params
+    label = f"step {step}"
   elif n > 1:
     steps = checkpointer.all_steps()[-n:]
     for step in steps:
@@ -116,7 +122,9 @@ def restore(config: Any, workdir: str, average: int | None = None,
     if restored is None:
       raise CheckpointError(f"no checkpoint in {checkpointer.directory}: train first")
     state, step = restored
-    params, label = state.params, f"step {step}"
+    params, label = state.eval_params, f"step {step}"
+  if optimizer_value(config, "ema_decay") > 0:
+    label += " (EMA)"
   # The training run's buckets, so translation pads to the lengths training compiled.
   translator = Translator(model_config, config.decode, mesh, trainer.state_shardings.params,
                           input_pipeline.workdir_buckets(config, workdir))

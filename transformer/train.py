@@ -34,12 +34,14 @@ from transformer.model import ModelConfig
 from transformer.model_family import build_model, count_params
 from transformer.prefetch import Prefetcher
 from transformer.profiling import Profiler
+from transformer.schedules import learning_rate_schedule
 from transformer.train_state import (
   TrainState,
-  learning_rate_schedule,
+  create_train_state,
   make_eval_step,
   make_optimizer,
   make_train_step,
+  optimizer_value,
 )
 from transformer.translate import Translator
 from transformer.validate import validate
@@ -53,19 +55,17 @@ class Trainer:
     self.mesh = mesh
     self.model_config = model_config
     self.model = build_model(model_config)
-    opt = config.optimizer
-    # Equation 3, built once: the optimiser follows it and the metrics log it.
-    self.learning_rate_fn = learning_rate_schedule(model_config.d_model, opt.warmup_steps,
-                                                   opt.learning_rate_scale)
+    # The schedule, built once: the optimiser follows it and the metrics log it.
+    self.learning_rate_fn = learning_rate_schedule(config)
     self.tx = make_optimizer(config, self.learning_rate_fn)
+    ema_decay = optimizer_value(config, "ema_decay")
     self.rules = sharding_lib.rules(config)
 
     def init_boxed(rng):
       dummy = jnp.ones((1, 8), jnp.int32)
       params = self.model.init({"params": rng}, dummy, dummy)["params"]
-      zero = jnp.zeros((), jnp.int32)
-      return TrainState(step=zero, params=params, opt_state=self.tx.init(params),
-                        nonfinite_in_a_row=zero, nonfinite_total=zero)
+      # Boxed parameters: the optimiser state and the average get their logical axes too.
+      return create_train_state(params, self.tx, ema=ema_decay > 0)
 
     with self.context():
       abstract = jax.eval_shape(init_boxed, jax.random.key(0))
@@ -79,7 +79,8 @@ class Trainer:
     self._init = jax.jit(lambda rng: nn.unbox(init_boxed(rng)),
                          out_shardings=self.state_shardings)
     self._train_step = jax.jit(
-      make_train_step(self.model, self.tx, config.label_smoothing, config.grad_accum_steps),
+      make_train_step(self.model, self.tx, config.label_smoothing, config.grad_accum_steps,
+                      ema_decay),
       in_shardings=(self.state_shardings, batch, replicated),
       out_shardings=(self.state_shardings, replicated),
       donate_argnums=0,
@@ -324,7 +325,8 @@ def evaluation_params(config: Any, trainer: Trainer, checkpointer: Checkpointer,
     return average_params(checkpointer, steps, trainer.abstract_state), f"average of {steps}"
   if best is not None and (step := best.step()) is not None:
     logging.info("Evaluating the best checkpoint, of step %d", step)
-    return best.checkpointer.restore(step, trainer.abstract_state).params, f"best, step {step}"
+    state = best.checkpointer.restore(step, trainer.abstract_state)
+    return state.eval_params, f"best, step {step}"
   return params, "final"
 
 
@@ -435,7 +437,7 @@ def _train_and_evaluate(config: Any, workdir: str, model_config: ModelConfig,
       # The last step too when a best checkpoint is kept: it may be the best.
       due = evaluators.due(evals, step, config.num_train_steps + (tracker is not None))
       if due:
-        result = evaluators.run_all(due, state.params, step)
+        result = evaluators.run_all(due, state.eval_params, step)
         writer.write(step, result.metrics)
         logging.info("evaluation at step %d: %s", step, _fmt(result.metrics))
         if tracker is not None and tracker.metric in result.metrics:
@@ -458,7 +460,7 @@ def _train_and_evaluate(config: Any, workdir: str, model_config: ModelConfig,
     ahead.close()
     save(step, state)
     checkpointer.wait()
-    params, label = evaluation_params(config, trainer, checkpointer, state.params, best)
+    params, label = evaluation_params(config, trainer, checkpointer, state.eval_params, best)
     final = evaluators.run_all(evals, params, step)
     writer.write(step, final.metrics)
     return {"interrupted": None, "step": step, "stopped_early": stopped_early,

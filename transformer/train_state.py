@@ -1,16 +1,18 @@
-"""Training state, the paper's optimiser and schedule, the loss, and the pure step functions.
+"""Training state, the optimiser, the loss, and the pure step functions.
 
 `train_step(state, batch, rng) -> (state, metrics)` is pure: the step's dropout RNG is
 `fold_in(rng, state.step)`, so a resumed run draws exactly the masks an uninterrupted run
 would. With gradient accumulation (`config.grad_accum_steps`) the step runs its batch as
 micro-batches and still makes one update with the whole batch's mean gradient. Non-finite
 losses or gradients are caught inside the step: the update is skipped and counted, so no NaN
-ever reaches the parameters (and thus a checkpoint).
+ever reaches the parameters (and thus a checkpoint). With `optimizer.ema_decay` > 0 the state
+also carries an exponential moving average of the parameters, which evaluation and inference
+use. The learning-rate schedules are in `transformer/schedules.py`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import flax.linen as nn
@@ -32,25 +34,89 @@ class TrainState:
   nonfinite_in_a_row: Array  # int32 scalar: consecutive steps skipped for NaN/Inf
   nonfinite_total: Array  # int32 scalar
 
+  @property
+  def eval_params(self) -> Any:
+    """The parameters evaluation and inference use."""
+    return self.params
 
-def learning_rate_schedule(d_model: int, warmup_steps: int, scale: float = 1.0) -> Callable:
-  """Equation 3: lrate = d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5).
 
-  `count` is the number of updates done so far; the paper's step numbers start at 1.
+@struct.dataclass
+class EmaTrainState(TrainState):
+  """A TrainState that also carries an exponential moving average of the parameters
+  (`optimizer.ema_decay` > 0), which evaluation and inference use instead of the parameters.
+
+  A subclass rather than an optional field, so that a run without the average keeps the state
+  (and the checkpoint layout) it had before the average existed.
   """
 
-  def schedule(count):
-    step = jnp.asarray(count, jnp.float32) + 1.0
-    return scale * d_model**-0.5 * jnp.minimum(step**-0.5, step * warmup_steps**-1.5)
+  ema_params: Any  # float32, the structure and shardings of `params`
 
-  return schedule
+  @property
+  def eval_params(self) -> Any:
+    return self.ema_params
 
 
-def make_optimizer(config: Any, learning_rate_fn: Callable) -> optax.GradientTransformation:
-  """Adam(b1, b2, eps) (section 5.3) on `learning_rate_fn` (`learning_rate_schedule`, built
-  once by the caller, which also logs it), with optional global-norm clipping."""
+def create_train_state(params: Any, tx: optax.GradientTransformation,
+                       ema: bool = False) -> TrainState:
+  """The state before the first update; with `ema`, its average starts at `params`."""
+  zero = jnp.zeros((), jnp.int32)
+  fields = dict(step=zero, params=params, opt_state=tx.init(params), nonfinite_in_a_row=zero,
+                nonfinite_total=zero)
+  if not ema:
+    return TrainState(**fields)
+  return EmaTrainState(**fields, ema_params=jax.tree.map(lambda p: p.astype(jnp.float32),
+                                                          params))
+
+
+# The optimizer fields that add a part to the train state when > 0: a clipping stage and a
+# weight-decay stage of the optimiser's state, and the parameters' average. A checkpoint
+# restores only into a state with the same parts (`checkpoint.check_meta`); the values may
+# change (a new decay only weights the updates to come).
+STATE_PARTS = ("grad_clip_norm", "weight_decay", "ema_decay")
+
+
+def optimizer_value(config: Mapping[str, Any], name: str) -> float:
+  """`config.optimizer.<name>` of a config or of its JSON dict (a checkpoint's metadata); 0.0
+  (off) for the fields a config written before them lacks."""
+  return float(config["optimizer"].get(name, 0.0))
+
+
+# Decoupled weight decay skips the parameters of these names: biases and LayerNorm's scales and
+# biases (flax names them 'bias' and 'scale').
+NO_DECAY = ("bias", "scale")
+
+
+def decay_mask(params: Any) -> Any:
+  """True for each parameter that weight decay shrinks: the weight matrices and embeddings.
+
+  Biases and LayerNorm gains only shift and scale activations, and pulling a gain towards 0
+  fights the normalisation instead of limiting the model, so they are left out, as is usual
+  (BERT's AdamW, nanoGPT). By name rather than by the common test `ndim == 1`: under
+  `model.scan_layers` a LayerNorm scale is [layers, d_model], 2-D like a matrix.
+  """
+
+  def decayed(path, _) -> bool:
+    names = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)]
+    return not names or names[-1] not in NO_DECAY
+
+  return jax.tree_util.tree_map_with_path(decayed, params)
+
+
+def make_optimizer(config: Any, learning_rate_fn: optax.Schedule) -> optax.GradientTransformation:
+  """Adam(b1, b2, eps) (section 5.3) on `learning_rate_fn` (`schedules.learning_rate_schedule`,
+  built once by the caller, which also logs it), with optional global-norm clipping.
+
+  `optimizer.weight_decay` > 0 makes it AdamW (Loshchilov & Hutter 2019, `optax.adamw`): the
+  update is -lr * (Adam's step + weight_decay * param) on the parameters of `decay_mask`, the
+  decay scaled by the scheduled rate as optax (and PyTorch) do. 0 is plain Adam, as before.
+  """
   opt = config.optimizer
-  adam = optax.adam(learning_rate_fn, b1=opt.b1, b2=opt.b2, eps=opt.eps)
+  weight_decay = optimizer_value(config, "weight_decay")
+  if weight_decay > 0:
+    adam = optax.adamw(learning_rate_fn, b1=opt.b1, b2=opt.b2, eps=opt.eps,
+                       weight_decay=weight_decay, mask=decay_mask)
+  else:
+    adam = optax.adam(learning_rate_fn, b1=opt.b1, b2=opt.b2, eps=opt.eps)
   if opt.grad_clip_norm > 0:
     return optax.chain(optax.clip_by_global_norm(opt.grad_clip_norm), adam)
   return adam
@@ -145,7 +211,8 @@ def split_micro_batches(batch: dict[str, Array], k: int) -> dict[str, Array]:
 
 
 def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
-                    label_smoothing: float, grad_accum_steps: int = 1) -> Callable:
+                    label_smoothing: float, grad_accum_steps: int = 1,
+                    ema_decay: float = 0.0) -> Callable:
   """Returns the pure `train_step(state, batch, rng) -> (state, metrics)`.
 
   batch: {'inputs': int32 [b, s], 'targets': int32 [b, t]}, and for packed rows also the
@@ -160,6 +227,10 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
   as with k = 1, not a mean of micro-batch means. Micro-batch i draws its dropout masks from
   `fold_in(fold_in(rng, step), i)`. Metrics are the whole batch's, as with k = 1; k = 1 is
   the single pass, unchanged.
+
+  `ema_decay` > 0 (the state an `EmaTrainState`) updates the parameters' average after each
+  finite update: ema = ema_decay * ema + (1 - ema_decay) * params, in float32; a skipped step
+  leaves it as it was.
   """
   if isinstance(grad_accum_steps, bool) or not isinstance(grad_accum_steps, int) or (
       grad_accum_steps < 1):
@@ -226,6 +297,10 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
       nonfinite_in_a_row=in_a_row.astype(jnp.int32),
       nonfinite_total=(state.nonfinite_total + (~finite)).astype(jnp.int32),
     )
+    if ema_decay > 0:
+      ema = jax.tree.map(lambda e, p: ema_decay * e + (1 - ema_decay) * p.astype(jnp.float32),
+                         state.ema_params, new_params)
+      new_state = new_state.replace(ema_params=keep(ema, state.ema_params))
     metrics = {
       **sums,
       "grad_norm": grad_norm,

@@ -25,6 +25,7 @@ from transformer.data.input_pipeline import BUCKET_MULTIPLE
 from transformer.errors import ConfigError, show
 from transformer.model import DTYPES, POSITIONAL, REMAT_POLICIES, ModelConfig
 from transformer.model_family import KINDS
+from transformer.schedules import NEED_WARMUP, SCHEDULES
 from transformer.translate import METHODS
 
 # Besides these, `dataset` may be any TFDS builder name (checked against TFDS when the data
@@ -46,6 +47,8 @@ MAX_LAYERS = 2**10
 MAX_STEPS = 2**31 - 1  # the train state's step counter is an int32
 MAX_COUNT = 2**31 - 1  # sentences, pairs, checkpoints
 MAX_SEED = 2**32 - 1  # SentencePiece takes a 32-bit seed
+# Rates, scales and decays: finite in float32, the parameters' type.
+MAX_FLOAT32 = 3e38
 # float32 logits divided by the temperature stay finite, and sampling stays a distribution.
 MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-6, 1e6
 # One device's share of the parameters, their gradients and Adam's two moments, and of one
@@ -285,8 +288,14 @@ FIELDS: dict[str, Check] = {
   "optimizer.b1": number(0, 1, hi_open=True),
   "optimizer.b2": number(0, 1, hi_open=True),
   "optimizer.eps": number(0, 1),
-  "optimizer.warmup_steps": integer(1, MAX_STEPS),
-  "optimizer.learning_rate_scale": number(0, 3e38),
+  "optimizer.schedule": choice(SCHEDULES, optional=True),
+  "optimizer.warmup_steps": integer(0, MAX_STEPS),
+  "optimizer.learning_rate_scale": number(0, MAX_FLOAT32),
+  "optimizer.learning_rate": number(0, MAX_FLOAT32, lo_open=True, optional=True),
+  "optimizer.warmup_init_lr": number(0, MAX_FLOAT32, optional=True),
+  "optimizer.end_learning_rate": number(0, MAX_FLOAT32, optional=True),
+  "optimizer.weight_decay": number(0, MAX_FLOAT32, optional=True),
+  "optimizer.ema_decay": number(0, 1, hi_open=True, optional=True),
   "optimizer.grad_clip_norm": number(0, 1e12),
   "num_train_steps": integer(0, MAX_STEPS),
   "log_every_steps": integer(1, MAX_STEPS),
@@ -383,6 +392,7 @@ def validate(config: Any, num_devices: int) -> ModelConfig:
   _check_corpus(config)
   train_row, eval_row = _check_lengths(config, mc)
   _check_batches(config, train_row, eval_row)
+  _check_schedule(config)
   _check_decoding(config, mc)
   dp, fsdp, tensor = _check_mesh(config, mc, num_devices)
   _check_memory(config, mc, train_row, eval_row, dp * fsdp, fsdp * tensor, tensor)
@@ -474,6 +484,33 @@ def _check_batches(config: Any, train_row: int, eval_row: int) -> None:
       f"data.eval_batch_size={config.data.eval_batch_size}: rows of up to {eval_row} tokens "
       f"make {tokens:,} tokens a batch; must be at most {MAX_TOKENS:,}"
     )
+
+
+def _check_schedule(config: Any) -> None:
+  """The fields `optimizer.schedule` needs (transformer/schedules.py)."""
+  opt = config.optimizer
+  name = opt.get("schedule", "paper")
+  if name in NEED_WARMUP and opt.warmup_steps < 1:
+    raise ConfigError(f"optimizer.warmup_steps={opt.warmup_steps}: must be at least 1 for "
+                      f"optimizer.schedule={name!r} (0 means no warm-up only for 'cosine' and "
+                      "'constant')")
+  if name == "paper":
+    return
+  if "learning_rate" not in opt:
+    raise ConfigError(f"optimizer.learning_rate: missing from the config; "
+                      f"optimizer.schedule={name!r} needs its peak rate")
+  if name != "cosine":
+    return
+  if opt.warmup_steps >= config.num_train_steps:
+    raise ConfigError(
+      f"optimizer.warmup_steps={opt.warmup_steps}: must be less than num_train_steps="
+      f"{config.num_train_steps} for optimizer.schedule='cosine', which decays from the end of "
+      "the warm-up to num_train_steps")
+  end = opt.get("end_learning_rate", 0.0)
+  if end > opt.learning_rate:
+    raise ConfigError(f"optimizer.end_learning_rate={end}: must be at most "
+                      f"optimizer.learning_rate={opt.learning_rate}, the rate the cosine "
+                      "decays from")
 
 
 def _check_decoding(config: Any, mc: ModelConfig) -> None:

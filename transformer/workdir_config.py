@@ -8,7 +8,11 @@ this file as a config file (`--config=<this file>:<workdir>`, `get_config` below
 file it was trained with.
 
 Decoding and evaluation fields may differ from the saved ones; a field that defines the model
-or its data (`FIXED`) may not: `check_same` names the first that differs.
+or its data (`FIXED`) may not: `check_same` names the first that differs. Optimizer fields may
+differ too, as inference does not train; but whether the checkpoints' train state has a
+clipping or weight-decay stage or the parameters' average (`optimizer.grad_clip_norm`,
+`weight_decay`, `ema_decay` > 0; the average is what inference then uses) is the checkpoints'
+own, and `checkpoint.check_meta` refuses a config that turns one on or off.
 """
 
 from __future__ import annotations
