@@ -125,6 +125,16 @@ def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
   return {prefix[:-1]: json.loads(json.dumps(_encode(node)))}
 
 
+def _model_defaults() -> dict[str, Any]:
+  """ModelConfig's defaults, as `_flat` gives them."""
+  import dataclasses
+
+  from transformer.model import ModelConfig
+
+  return {k: json.loads(json.dumps(_encode(v))) for k, v in
+          dataclasses.asdict(ModelConfig()).items()}
+
+
 def check_same(saved: config_dict.ConfigDict, config: config_dict.ConfigDict) -> None:
   """Raises ConfigError naming the first model or data field where `config` differs from the
   `saved` one (decoding, evaluation and program fields may differ)."""
@@ -139,6 +149,9 @@ def check_same(saved: config_dict.ConfigDict, config: config_dict.ConfigDict) ->
     return {k: v for k, v in out.items() if k not in FREE}
 
   want, got = fixed(saved), fixed(config)
+  # A model field absent from one of them is newer than that config: it had the default.
+  default = {f"model.{k}": v for k, v in _model_defaults().items()}
+  want, got = {**default, **want}, {**default, **got}
   for field in sorted(set(want) | set(got)):
     if want.get(field, "<absent>") != got.get(field, "<absent>"):
       raise ConfigError(
@@ -160,9 +173,10 @@ def flag_value(argv: list[str], name: str) -> str | None:
 
 def with_workdir_config(argv: list[str]) -> list[str]:
   """argv with `--config=<workdir_config.py>:WORKDIR` added when a mode other than training
-  has --workdir and no --config: the workdir's saved config is the default."""
+  (and import, which writes a new workdir) has --workdir and no --config: the workdir's saved
+  config is the default."""
   mode = flag_value(argv, "mode") or "train"
   workdir = flag_value(argv, "workdir")
-  if mode == "train" or workdir is None or flag_value(argv, "config") is not None:
+  if mode in ("train", "import") or workdir is None or flag_value(argv, "config") is not None:
     return argv
   return [argv[0], f"--config={__file__}:{workdir}", *argv[1:]]
