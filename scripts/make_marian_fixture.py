@@ -9,17 +9,20 @@ Runs in its own virtual environment (torch, transformers 5, sentencepiece; never
 Nothing is downloaded. Everything is seeded, so a re-run with the pinned versions writes the
 same files:
 
-  1. a few hundred generated sentence pairs (a made-up English-like source language and a
-     German-like target language) train two SentencePiece models, `source.spm` and
-     `target.spm`, as OPUS-MT has;
+  1. a few hundred generated sentence pairs (English-like sources, their word-by-word
+     German-like translations) train two SentencePiece models, `source.spm` and `target.spm`,
+     as OPUS-MT has;
   2. `vocab.json` joins their pieces as Marian's vocabulary does (`</s>` 0, `<unk>` 1, the
      pieces, a language code `>>de<<`, `<pad>` last), except for a few source pieces left out
      on purpose: MarianTokenizer maps those to `<unk>`, and so must the project's tokenizer;
-  3. a MarianMTModel (2 + 2 layers, d_model 32, swish, a non-zero `final_logits_bias`) with
-     random weights, drawn wider than transformers' initialisation so that the model's choices
-     are clear-cut (the script checks every greedy step's margin), saved with
-     `save_pretrained` (`model.safetensors`), and its state dict once more with `torch.save`
-     (`pytorch_model.bin`), for the importer's torch path;
+  3. a MarianMTModel (2 + 2 layers, d_model 32, swish) trained for a few hundred steps on the
+     pairs, so that its outputs vary and mostly end with their own EOS (a model with random
+     weights repeats one token), then given a random `final_logits_bias` whose `<pad>` entry
+     is as high as the model's typical best logit: `<pad>` would win many greedy steps if it
+     were not forbidden. It is saved with `save_pretrained` (`model.safetensors`), and its
+     state dict once more with `torch.save` (`pytorch_model.bin`, as transformers writes it
+     without safetensors), for the importer's torch path. The script checks every greedy
+     step's margin between the best and the second-best token;
   4. `expected.json`: the tokenizer's ids of a few sentences on both sides, the log-softmax
      of a teacher-forced batch, and `generate`'s greedy and beam-4 outputs (ids and text) with
      the pad id forbidden (`bad_words_ids`, as OPUS-MT's configs have it) and EOS forced at
@@ -31,6 +34,7 @@ same files:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -46,15 +50,13 @@ from transformers import GenerationConfig, MarianConfig, MarianMTModel, MarianTo
 SEED = 0
 OUT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests",
                    "fixtures", "marian_tiny")
-MAX_EXTRA_LEN = 12
+MAX_EXTRA_LEN = 2
 # Source pieces that vocab.json leaves out (MarianTokenizer encodes them as <unk>).
 DROPPED_PIECES = 3
 # The smallest gap between the best and the second-best logit that a greedy step may have:
 # float32 sums in another order (XLA against torch) move logits by ~1e-6.
 MIN_MARGIN = 1e-3
-# Scale of the random weights: transformers' init_std (0.02) makes every output nearly
-# uniform, and then the ranking of tokens is decided by rounding.
-WEIGHT_STD = 0.25
+TRAIN_STEPS, BATCH, LEARNING_RATE = 300, 32, 3e-3
 
 SOURCE_WORDS = ("the a one two three red green blue small big old new house car tree river "
                 "bird dog cat sees takes finds has wants near under over and with quickly "
@@ -65,23 +67,28 @@ TARGET_WORDS = ("das ein eins zwei drei rot gruen blau klein gross alt neu Haus 
 
 SOURCES = [
   "the small dog sees a red car.",
-  "three old birds take the green tree today",
+  "three old birds take the green tree today and the cat finds a big house near the river",
   ">>de<< a big house near the river",
-  "the cat has one blue € car",
+  "the cat has one blue € car quickly",
+  "a dog",
 ]
 TARGETS = [
-  "der kleine Hund sieht ein rotes Auto.",
-  "drei alte Voegel nehmen den gruenen Baum heute",
-  "ein grosses Haus nahe dem Fluss",
+  "das klein Hund sieht ein rot Auto.",
+  "drei alt Vogel nimmt das gruen Baum heute",
+  "ein gross Haus nahe das Fluss",
   "die Katze hat ein blaues Auto",
+  "ein Hund",
 ]
 
 
-def sentences(words: tuple[str, ...], rng: random.Random, n: int) -> list[str]:
+def pairs(rng: random.Random, n: int) -> list[tuple[str, str]]:
+  """Sentences of the source words and their word-by-word translations."""
   out = []
   for _ in range(n):
-    sentence = " ".join(rng.choice(words) for _ in range(rng.randint(3, 9)))
-    out.append(sentence + rng.choice(["", ".", "!", "?"]))
+    words = [rng.randrange(len(SOURCE_WORDS)) for _ in range(rng.randint(2, 12))]
+    end = rng.choice(["", ".", "!", "?"])
+    out.append((" ".join(SOURCE_WORDS[w] for w in words) + end,
+                " ".join(TARGET_WORDS[w] for w in words) + end))
   return out
 
 
@@ -90,6 +97,9 @@ def train_spm(texts: list[str], path: str, vocab_size: int) -> None:
   spm.SentencePieceTrainer.train(
     sentence_iterator=iter(texts), model_prefix=path, vocab_size=vocab_size,
     model_type="unigram", character_coverage=1.0, num_threads=1, minloglevel=2,
+    hard_vocab_limit=False,
+    # No Unicode normalisation table (~240 KB a model): keeps the fixture small.
+    normalization_rule_name="identity",
     shuffle_input_sentence=False)
 
 
@@ -99,10 +109,11 @@ def pieces_of(path: str) -> list[str]:
           if not (sp.is_unknown(i) or sp.is_control(i))]
 
 
-def build_tokenizer(work: str) -> MarianTokenizer:
-  rng = random.Random(SEED)
-  train_spm(sentences(SOURCE_WORDS, rng, 400), os.path.join(work, "source"), 96)
-  train_spm(sentences(TARGET_WORDS, rng, 400), os.path.join(work, "target"), 96)
+def build_tokenizer(work: str, corpus: list[tuple[str, str]]) -> MarianTokenizer:
+  # Relative prefixes: a model records its prefix, and a temporary path would differ per run.
+  with contextlib.chdir(work):
+    train_spm([s for s, _ in corpus], "source", 64)
+    train_spm([t for _, t in corpus], "target", 64)
   source, target = pieces_of(f"{work}/source.model"), pieces_of(f"{work}/target.model")
   # Dropped from the joint vocabulary: the longest source pieces (whole words, so that a few
   # test sentences meet them).
@@ -117,30 +128,53 @@ def build_tokenizer(work: str) -> MarianTokenizer:
                          source_lang="en", target_lang="de")
 
 
-def build_model(tokenizer: MarianTokenizer) -> MarianMTModel:
+def build_model(tokenizer: MarianTokenizer, corpus: list[tuple[str, str]]) -> MarianMTModel:
   vocab = len(tokenizer.get_vocab())
   pad = tokenizer.pad_token_id
   config = MarianConfig(
     vocab_size=vocab, d_model=32, encoder_layers=2, decoder_layers=2,
     encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
-    decoder_ffn_dim=64, max_position_embeddings=128, activation_function="swish",
+    decoder_ffn_dim=64, max_position_embeddings=512, activation_function="swish",
     scale_embedding=True, pad_token_id=pad, eos_token_id=tokenizer.eos_token_id,
     decoder_start_token_id=pad, forced_eos_token_id=tokenizer.eos_token_id)
   model = MarianMTModel(config)
+  optimizer = torch.optim.Adam(model.parameters(), lr=LEARNING_RATE)
+  rng = random.Random(SEED)
+  model.train()
+  for step in range(TRAIN_STEPS):
+    batch = rng.sample(corpus, BATCH)
+    encoded = tokenizer([s for s, _ in batch], text_target=[t for _, t in batch],
+                        padding=True, return_tensors="pt")
+    labels = encoded.labels.masked_fill(encoded.labels == pad, -100)  # no loss on padding
+    loss = model(input_ids=encoded.input_ids, attention_mask=encoded.attention_mask,
+                 labels=labels).loss
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    if step % 100 == 0 or step == TRAIN_STEPS - 1:
+      print(f"step {step}: loss {loss.item():.3f}")
+  model.eval()
   generator = torch.Generator().manual_seed(SEED)
   with torch.no_grad():
-    for name, p in model.named_parameters():
-      if name.endswith("layer_norm.weight"):
-        p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=generator))
-      else:
-        p.copy_(WEIGHT_STD * torch.randn(p.shape, generator=generator))
-    model.final_logits_bias.copy_(0.5 * torch.randn(model.final_logits_bias.shape,
+    model.final_logits_bias.copy_(0.2 * torch.randn(model.final_logits_bias.shape,
                                                     generator=generator))
+    # <pad>'s bias is raised until <pad> would beat the token greedy search chooses on the
+    # test sentences at 30% of their steps, were it not forbidden. Greedy search with <pad>
+    # forbidden does not depend on that bias.
+    lead = []  # how far the chosen token's logit is ahead of <pad>'s without its bias
+    for text in SOURCES:
+      ids = torch.tensor([tokenizer(text).input_ids])
+      output = model.generate(ids, num_beams=1, do_sample=False, bad_words_ids=[[pad]],
+                              max_length=ids.shape[1] + MAX_EXTRA_LEN + 1)
+      logits = model(input_ids=ids, decoder_input_ids=output[:, :-1]).logits[0]
+      unbiased_pad = logits[:, pad] - model.final_logits_bias[0, pad]
+      lead.append(logits.gather(-1, output[0, 1:, None])[:, 0] - unbiased_pad)
+    model.final_logits_bias[0, pad] = torch.quantile(torch.cat(lead), 0.3)
   model.generation_config = GenerationConfig(
     bad_words_ids=[[pad]], forced_eos_token_id=tokenizer.eos_token_id,
     decoder_start_token_id=pad, pad_token_id=pad, eos_token_id=tokenizer.eos_token_id,
     num_beams=4, max_length=64)
-  return model.eval()
+  return model
 
 
 def rounded(x: np.ndarray) -> list:
@@ -198,17 +232,22 @@ def expected(model: MarianMTModel, tokenizer: MarianTokenizer) -> dict:
 
 
 def main() -> None:
+  torch.set_num_threads(1)  # the same sums in the same order on every run
   random.seed(SEED)
   np.random.seed(SEED)
   torch.manual_seed(SEED)
   work = tempfile.mkdtemp(prefix="marian-fixture-")
   try:
-    tokenizer = build_tokenizer(work)
-    model = build_model(tokenizer)
+    corpus = pairs(random.Random(SEED), 600)
+    tokenizer = build_tokenizer(work, corpus)
+    model = build_model(tokenizer, corpus)
     shutil.rmtree(OUT, ignore_errors=True)
     tokenizer.save_pretrained(OUT)
     model.save_pretrained(OUT)
-    torch.save(model.state_dict(), os.path.join(OUT, "pytorch_model.bin"))
+    # As transformers writes it without safetensors: the fixed sinusoids left out.
+    state = {k: v for k, v in model.state_dict().items()
+             if k not in model._keys_to_ignore_on_save}
+    torch.save(state, os.path.join(OUT, "pytorch_model.bin"))
     with open(os.path.join(OUT, "expected.json"), "w") as f:
       json.dump(expected(model, tokenizer), f, indent=1, ensure_ascii=False)
   finally:

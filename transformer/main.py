@@ -8,9 +8,9 @@ the average of the last N as a CTranslate2 model, transformer/export.py), `impor
 (`--source=DIR --workdir=NEW`: an OPUS-MT (Marian) model in Hugging Face's layout as a workdir
 at step 0, transformer/marian.py; `--config`, by default configs/text.py, gives the fields that
 are not the model's).
-Every mode but training works from `--workdir` alone: the run's config, saved there at its
-first start, is the default (transformer/workdir_config.py); `--config.FIELD=VALUE` overrides
-its decoding and evaluation fields.
+Every mode works from `--workdir` alone: the run's config, saved there at its first start, is
+the default (transformer/workdir_config.py); `--config.FIELD=VALUE` overrides its decoding and
+evaluation fields, and training with it continues the run (or fine-tunes an imported model).
 A user error (bad config value, missing data, incompatible checkpoint) ends with one line on
 stderr naming the field or path, and exit status 2.
 """

@@ -1,9 +1,11 @@
 """The run's config, saved in its workdir: every mode but training works from the workdir alone.
 
-Training writes `<workdir>/config.json` at its first start (every field, with its type). The
-main program's other modes take it as their config when `--config` is not given, by loading
-this file as a config file (`--config=<this file>:<workdir>`, `get_config` below), so that
-`--config.decode.beam_size=8` overrides it like any config file. A copied workdir (local or
+Training (or an import, transformer/marian.py) writes `<workdir>/config.json` at its first
+start (every field, with its type). The main program takes it as its config when `--config` is
+not given with `--workdir`, by loading this file as a config file
+(`--config=<this file>:<workdir>`, `get_config` below), so that `--config.decode.beam_size=8`
+overrides it like any config file: every mode reads it, and training continues (or fine-tunes)
+the workdir with it. A copied workdir (local or
 `gs://`) therefore translates, scores and exports without the training corpus or the config
 file it was trained with.
 
@@ -111,8 +113,8 @@ def get_config(workdir: str | None = None) -> config_dict.ConfigDict:
     raise ValueError("workdir_config.py needs the workdir: --config=workdir_config.py:WORKDIR")
   config = load(workdir)
   if config is None:
-    raise ValueError(f"{path(workdir)} not found: pass --config, the config the run was "
-                     "trained with")
+    raise ValueError(f"{path(workdir)} not found: pass --config (the config the run was "
+                     "trained with, or for a new run a config file such as configs/numbers.py)")
   return config
 
 
@@ -172,11 +174,11 @@ def flag_value(argv: list[str], name: str) -> str | None:
 
 
 def with_workdir_config(argv: list[str]) -> list[str]:
-  """argv with `--config=<workdir_config.py>:WORKDIR` added when a mode other than training
-  (and import, which writes a new workdir) has --workdir and no --config: the workdir's saved
-  config is the default."""
+  """argv with `--config=<workdir_config.py>:WORKDIR` added when a command has --workdir and
+  no --config: the workdir's saved config is the default (of every mode but import, which
+  writes a new workdir)."""
   mode = flag_value(argv, "mode") or "train"
   workdir = flag_value(argv, "workdir")
-  if mode in ("train", "import") or workdir is None or flag_value(argv, "config") is not None:
+  if mode == "import" or workdir is None or flag_value(argv, "config") is not None:
     return argv
   return [argv[0], f"--config={__file__}:{workdir}", *argv[1:]]
