@@ -154,6 +154,8 @@ def main(argv: list[str]) -> None:
          + ("" if _MODE.value == "train" else ", or --workdir of a trained run"))
   if _MODE.value == "import" and _WORKDIR.value is None:
     fail("--mode=import needs --workdir=DIR, a new or empty directory for the model")
+  if _MODE.value == "import" and not _SOURCE.value:
+    fail("--mode=import needs --source=DIR, a Hugging Face Marian model directory")
   import jax
 
   from transformer.errors import UserError
