@@ -186,6 +186,21 @@ def test_translate_mode_gives_generates_text(workdir):
   assert proc.stdout.splitlines() == [e["text"] for e in EXPECTED["greedy"]]
 
 
+def test_score_mode_gives_transformers_log_probs(workdir, tmp_path):
+  pairs = tmp_path / "pairs.tsv"
+  pairs.write_text("".join(f"{s}\t{t}\n" for s, t in zip(EXPECTED["sources"],
+                                                           EXPECTED["targets"], strict=True)))
+  proc = run_main("--mode=score", f"--workdir={workdir}", f"--input={pairs}")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  scores = [json.loads(line) for line in proc.stdout.splitlines()]
+  for score, ids, log_probs in zip(scores, EXPECTED["target_ids"],
+                                   EXPECTED["teacher_forced_log_probs"], strict=True):
+    # Targets are cut by target.spm: the ids transformers gave `text_target`.
+    assert score["tokens"] == len(ids)
+    expected = sum(row[i] for row, i in zip(log_probs, ids, strict=True))
+    assert abs(score["logprob"] - expected) < 1e-3
+
+
 def test_ctranslate2_export_decodes_as_generate(restored, tmp_path):
   ctranslate2 = pytest.importorskip("ctranslate2")
   import sentencepiece

@@ -442,9 +442,10 @@ def import_model(base: config_dict.ConfigDict, source_dir: str, workdir: str) ->
   trainer = Trainer(config, sharding_lib.make_mesh(config.mesh), mc)
   state = _fresh_state(trainer, params)
   storage.check_writable(workdir)
-  for name, data in source.tokenizer.files.items():
-    storage.write_atomic(os.path.join(marian_vocab_path(workdir), name), data)
-  workdir_config.save(config, workdir)
+  if jax.process_index() == 0:
+    for name, data in source.tokenizer.files.items():
+      storage.write_atomic(os.path.join(marian_vocab_path(workdir), name), data)
+    workdir_config.save(config, workdir)
   checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), config.keep_checkpoints,
                               async_save=False)
   try:
