@@ -128,6 +128,8 @@ def base_config() -> config_dict.ConfigDict:
   config.decode.top_k = 0
   config.decode.top_p = 1.0
   config.decode.seed = 0
+  # Never output the padding id (0); set for imported OPUS-MT models, whose configs forbid it.
+  config.decode.suppress_padding = False
   # Corpus translation reads and translates this many input lines at a time.
   config.decode.chunk_size = 10000
   config.num_samples_to_print = 5

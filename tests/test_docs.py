@@ -209,10 +209,12 @@ def command_parser(module_name: str) -> Callable[[list[str]], list[str]]:
 
 
 # The configs of the documented workdirs, for the commands that read their config from the
-# workdir (every mode but training, without --config): the check gives each a stand-in
-# workdir holding that config's config.json.
+# workdir (every mode but import, without --config): the check gives each a stand-in workdir
+# holding that config's config.json.
 WORKDIR_CONFIGS = {"runs/numbers": "configs/numbers.py", "runs/mine": "configs/text.py:en-de,small",
-                   "runs/wmt-base": "configs/wmt.py:base"}
+                   "runs/wmt-base": "configs/wmt.py:base",
+                   # an imported OPUS-MT model: its config has text.py's fields
+                   "runs/opus-mt-en-de": "configs/text.py:en-de"}
 
 
 def with_stand_in_workdir(argv: list[str], root: str) -> list[str]:

@@ -198,10 +198,13 @@ def check_meta(expected: dict[str, Any], parts: tuple[str, ...] | None = None):
         "use a new --workdir"
       )
     old, new = meta.get("model", {}), expected["model"]
+    # A field that a checkpoint's metadata lacks is newer than the checkpoint: it had the
+    # default (the paper's choice).
+    default = dataclasses.asdict(ModelConfig())
     for field in sorted(set(old) | set(new)):
       if field in COMPATIBLE_FIELDS:
         continue
-      if old.get(field) != new.get(field):
+      if old.get(field, default.get(field)) != new.get(field, default.get(field)):
         raise CheckpointError(
           f"checkpoint {path} has model.{field}={old.get(field)!r} but the config has "
           f"{new.get(field)!r}; use a new --workdir or the checkpoint's config"

@@ -44,7 +44,7 @@ import jax
 import numpy as np
 
 from transformer import storage
-from transformer.data.tokenizer import truncate
+from transformer.data.tokenizer import SOURCE, TARGET, truncate
 from transformer.errors import UserError
 from transformer.metrics import format_duration
 from transformer.translate import Hypothesis
@@ -324,7 +324,8 @@ def score_corpus(run: CorpusRun, config: Any, total: int) -> None:
     pairs = []
     for i, line in enumerate(lines):
       source, target = line.split("\t", 1)
-      sides = [tokenizer.encode(source.strip()), tokenizer.encode(target.strip())]
+      sides = [tokenizer.encode(source.strip(), side=SOURCE),
+               tokenizer.encode(target.strip(), side=TARGET)]
       if max(len(s) for s in sides) > limit:
         print(f"warning: line {first + i + 1} has a side longer than {limit} tokens; "
               "truncated", file=sys.stderr)

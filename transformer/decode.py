@@ -19,8 +19,13 @@ Length convention: the length of a hypothesis counts the generated tokens includ
 `t + 1`; `max_lengths[b]` is the largest such length, so EOS is forced at step
 `max_lengths[b] - 1`.
 
+`banned_id`, if given, is a token the search never chooses (the padding id, for a model that
+would otherwise emit it: OPUS-MT models forbid theirs). It is removed after the log-softmax, as
+Hugging Face's `bad_words_ids` does in beam search: the other tokens keep their log
+probabilities, which are not renormalised.
+
 Both decoders are jit-compatible: pass `tokens_to_logits` through a closure (or as a static
-argument) and keep `max_len`, `beam_size`, `alpha` and `eos_id` static.
+argument) and keep `max_len`, `beam_size`, `alpha`, `eos_id` and `banned_id` static.
 """
 
 from collections.abc import Callable
@@ -119,6 +124,7 @@ def greedy_decode(
   max_lengths: jax.Array,
   max_len: int,
   eos_id: int = 1,
+  banned_id: int | None = None,
 ) -> tuple[jax.Array, jax.Array]:
   """Greedy (argmax) decoding with an incremental cache.
 
@@ -130,6 +136,7 @@ def greedy_decode(
       clipped to [1, max_len]. EOS is forced at step max_lengths[b] - 1.
     max_len: static size of the output buffer.
     eos_id: the EOS token id.
+    banned_id: a token id never chosen, or None.
 
   Returns:
     sequences: int32[B, max_len]; each row ends with EOS (at index <= max_lengths[b] - 1) and
@@ -138,15 +145,16 @@ def greedy_decode(
   """
   return _decode_loop(tokens_to_logits, cache, lambda logits, step: jnp.argmax(logits, -1),
                       batch_size=batch_size, max_lengths=max_lengths, max_len=max_len,
-                      eos_id=eos_id)
+                      eos_id=eos_id, banned_id=banned_id)
 
 
 def _decode_loop(tokens_to_logits: TokensToLogits, cache: PyTree,
                  choose: Callable[[jax.Array, jax.Array], jax.Array], *, batch_size: int,
-                 max_lengths: jax.Array, max_len: int,
-                 eos_id: int) -> tuple[jax.Array, jax.Array]:
-  """One token per row and step, `choose(logits [B, V], step) -> int [B]`, EOS forced at the
-  row's length limit; returns the sequences [B, max_len] and their log probabilities [B]."""
+                 max_lengths: jax.Array, max_len: int, eos_id: int,
+                 banned_id: int | None = None) -> tuple[jax.Array, jax.Array]:
+  """One token per row and step, `choose(logits [B, V], step) -> int [B]` (`banned_id`'s logit
+  set to -inf first), EOS forced at the row's length limit; returns the sequences
+  [B, max_len] and their log probabilities [B] (under the model's unrestricted logits)."""
   max_lengths = _effective_max_lengths(max_lengths, batch_size, max_len)
 
   def cond(state):
@@ -157,7 +165,8 @@ def _decode_loop(tokens_to_logits: TokensToLogits, cache: PyTree,
     step, seqs, last, finished, total, cache = state
     logits, cache = tokens_to_logits(last[:, None], cache)
     logits = logits.astype(jnp.float32)
-    token = choose(logits, step).astype(jnp.int32)
+    allowed = logits if banned_id is None else logits.at[:, banned_id].set(NEG_INF)
+    token = choose(allowed, step).astype(jnp.int32)
     token = jnp.where(step + 1 >= max_lengths, eos_id, token)
     # Rows already finished emit padding; their model outputs are ignored.
     token = jnp.where(finished, 0, token)
@@ -214,6 +223,7 @@ def sample_decode(
   top_k: int = 0,
   top_p: float = 1.0,
   eos_id: int = 1,
+  banned_id: int | None = None,
 ) -> tuple[jax.Array, jax.Array]:
   """Ancestral sampling with an incremental cache: each token is drawn from the model's
   distribution given the tokens before it (`filter_logits` shapes that distribution).
@@ -223,7 +233,7 @@ def sample_decode(
     cache: the decoder cache for batch size B.
     rngs: a key per row, [B]; row b's draw at step t uses fold_in(rngs[b], t), so a row's
       output depends on its key alone, not on the batch it is in.
-    batch_size, max_lengths, max_len, eos_id: as for `greedy_decode`.
+    batch_size, max_lengths, max_len, eos_id, banned_id: as for `greedy_decode`.
     temperature, top_k, top_p: see `filter_logits` (static).
 
   Returns:
@@ -240,7 +250,8 @@ def sample_decode(
     return jnp.take_along_axis(ids, drawn[:, None], axis=-1)[:, 0]
 
   return _decode_loop(tokens_to_logits, cache, choose, batch_size=batch_size,
-                      max_lengths=max_lengths, max_len=max_len, eos_id=eos_id)
+                      max_lengths=max_lengths, max_len=max_len, eos_id=eos_id,
+                      banned_id=banned_id)
 
 
 def beam_search(
@@ -255,6 +266,7 @@ def beam_search(
   eos_id: int = 1,
   reorder: PyTree | None = None,
   num_hypotheses: int | None = None,
+  banned_id: int | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Beam search with the GNMT length penalty and an incremental cache.
 
@@ -295,6 +307,7 @@ def beam_search(
       each row keeps in place and `tokens_to_logits` addresses through a beam-ancestry leaf
       that is reordered (the Transformer's self-attention caches with `kv_owner`,
       `translate.init_cache` with beams and `translate.beam_reorder_mask`).
+    banned_id: a token id no hypothesis contains, or None.
 
   Returns:
     sequences: int32[B, K, max_len], best first, 0 after the EOS.
@@ -322,6 +335,8 @@ def beam_search(
     log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
     log_probs = unflatten_beams(log_probs, batch_size)  # [B, K, V]
     vocab = log_probs.shape[-1]
+    if banned_id is not None:
+      log_probs = jnp.where(jnp.arange(vocab) == banned_id, NEG_INF, log_probs)
     forced = (step + 1 >= max_lengths)[:, None, None]
     log_probs = jnp.where(forced & (jnp.arange(vocab) != eos_id), NEG_INF, log_probs)
 

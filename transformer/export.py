@@ -17,16 +17,23 @@ the project's ids), and the SentencePiece model as `spm.model` beside them:
 
 What maps, and how:
   - every model family member with kind 'transformer' and d_k = d_model / h: post-LN (the
-    paper) or pre-LN (with the final norms), sinusoidal or learned positions (the table is
-    written out, so CTranslate2 uses exactly the project's positions), tied or separate
-    embeddings (tied ones are written once and aliased), unrolled or scanned layers;
-  - embeddings are scaled by sqrt(d_model) on both sides; LayerNorm epsilon is Flax's 1e-6;
+    paper) or pre-LN (with the final norms), sinusoidal (either layout) or learned positions
+    (the table is written out, so CTranslate2 uses exactly the project's positions), tied or
+    separate embeddings (tied ones are written once and aliased), unrolled or scanned layers,
+    the ReLU, swish or GELU activation, biases on the attention projections and on the
+    output logits (an imported OPUS-MT model has them: transformer/marian.py);
+  - embeddings are scaled by sqrt(d_model) on both sides (unless `model.scale_embeddings` is
+    off); LayerNorm epsilon is `model.layer_norm_epsilon` (Flax's 1e-6 by default);
   - the decoder starts from id 0 (the padding id, as `shift_right` does): the exported config
     names piece 0 as CTranslate2's decoder start token and piece 1 as its end token;
   - the project's sources end in EOS (`Tokenizer.encode`): the config sets `add_source_eos`,
     so CTranslate2 appends it and callers pass the SentencePiece pieces alone, as for Marian
     (OPUS-MT) or M2M-100 exports. CTranslate2's `min_decoding_length` defaults to 1 (no
-    empty output); pass 0 to decode as the project does.
+    empty output); pass 0 to decode as the project does;
+  - an imported OPUS-MT workdir exports its own vocabulary (the pieces in the project's id
+    order, `<pad>` first) and writes `source.spm` and `target.spm` beside the model: encode
+    sources with source.spm, and pass `suppress_sequences=[["<pad>"]]` to decode as
+    `decode.suppress_padding` does.
 Refused with a `ConfigError`: the LSTM baseline and a custom d_kv.
 
 Beam search differs in two ways from `transformer.decode.beam_search`: CTranslate2 keeps K live
@@ -48,13 +55,13 @@ import jax
 import numpy as np
 
 from transformer import storage
+from transformer.data import marian_tokenizer
+from transformer.data.marian_tokenizer import MarianTokenizer
 from transformer.errors import ConfigError, UserError
 from transformer.model import ModelConfig, sinusoidal_positions
 
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 FORMATS = ("ctranslate2",)
-# Flax's nn.LayerNorm default, which model.py uses everywhere.
-LAYER_NORM_EPSILON = 1e-6
 SPM_NAME = "spm.model"
 
 
@@ -144,20 +151,34 @@ def _ffn(spec, layers: _Layers, layer: int) -> None:
           layers.get(layer, "feed_forward/wo/bias"))
 
 
-def _self_attention(spec, layers: _Layers, layer: int, block: str) -> None:
+def _biases(layers: _Layers, layer: int, module: str, names: Sequence[str],
+            bias: bool) -> np.ndarray | None:
+  """The biases of the projections `names` of `module`, [h, k] each flattened to [h * k] (W^O's
+  is [d]) and concatenated like their weights; None for a model without them."""
+  if not bias:
+    return None
+  return np.concatenate([layers.get(layer, f"{module}/{n}_bias").reshape(-1) for n in names])
+
+
+def _self_attention(spec, layers: _Layers, layer: int, block: str, bias: bool) -> None:
   get = lambda name: layers.get(layer, f"self_attention/{name}")
   _norm(spec.layer_norm, layers, layer, block)
   qkv = [_in_proj(get(name)) for name in ("query", "key", "value")]
-  _linear(spec.linear[0], np.concatenate(qkv, axis=0))
-  _linear(spec.linear[1], _out_proj(get("out")))
+  _linear(spec.linear[0], np.concatenate(qkv, axis=0),
+          _biases(layers, layer, "self_attention", ("query", "key", "value"), bias))
+  _linear(spec.linear[1], _out_proj(get("out")),
+          _biases(layers, layer, "self_attention", ("out",), bias))
 
 
-def _cross_attention(spec, layers: _Layers, layer: int) -> None:
+def _cross_attention(spec, layers: _Layers, layer: int, bias: bool) -> None:
   get = lambda name: layers.get(layer, f"cross_attention/{name}")
   _norm(spec.layer_norm, layers, layer, "cross_attention_block")
-  _linear(spec.linear[0], _in_proj(get("query")))
-  _linear(spec.linear[1], np.concatenate([_in_proj(get("key")), _in_proj(get("value"))], 0))
-  _linear(spec.linear[2], _out_proj(get("out")))
+  _linear(spec.linear[0], _in_proj(get("query")),
+          _biases(layers, layer, "cross_attention", ("query",), bias))
+  _linear(spec.linear[1], np.concatenate([_in_proj(get("key")), _in_proj(get("value"))], 0),
+          _biases(layers, layer, "cross_attention", ("key", "value"), bias))
+  _linear(spec.linear[2], _out_proj(get("out")),
+          _biases(layers, layer, "cross_attention", ("out",), bias))
 
 
 def build_spec(params: Any, mc: ModelConfig, vocabulary: Sequence[str]):
@@ -173,13 +194,17 @@ def build_spec(params: Any, mc: ModelConfig, vocabulary: Sequence[str]):
     raise ConfigError(f"model.vocab_size={mc.vocab_size} but the vocabulary has "
                       f"{len(vocabulary)} pieces")
   _ct2()
-  from ctranslate2.specs import transformer_spec
+  from ctranslate2.specs import common_spec, transformer_spec
 
   flat = _numpy_params(params)
+  activation = {"relu": common_spec.Activation.RELU, "swish": common_spec.Activation.SWISH,
+                "gelu": common_spec.Activation.GELU}[mc.activation]  # GELU: the erf form
   encoder = transformer_spec.TransformerEncoderSpec(mc.num_layers, mc.num_heads,
-                                                    pre_norm=mc.pre_layer_norm)
+                                                    pre_norm=mc.pre_layer_norm,
+                                                    activation=activation)
   decoder = transformer_spec.TransformerDecoderSpec(mc.num_layers, mc.num_heads,
-                                                    pre_norm=mc.pre_layer_norm)
+                                                    pre_norm=mc.pre_layer_norm,
+                                                    activation=activation)
   spec = transformer_spec.TransformerSpec(encoder, decoder)
 
   def embed(side: str) -> str:
@@ -188,34 +213,38 @@ def build_spec(params: Any, mc: ModelConfig, vocabulary: Sequence[str]):
   for side, side_spec in (("encoder", encoder), ("decoder", decoder)):
     embeddings = side_spec.embeddings[0] if side == "encoder" else side_spec.embeddings
     embeddings.weight = flat[f"{embed(side)}/embedding"]
-    side_spec.scale_embeddings = True  # x * sqrt(d_model), section 3.4
+    side_spec.scale_embeddings = mc.scale_embeddings  # x * sqrt(d_model), section 3.4
     if mc.positional == "learned":
       side_spec.position_encodings.encodings = flat[f"{embed(side)}/positions"]
     else:
       # Written out: CTranslate2's own sinusoids are laid out differently.
-      side_spec.position_encodings.encodings = sinusoidal_positions(mc.max_len, mc.d_model)
+      side_spec.position_encodings.encodings = sinusoidal_positions(
+        mc.max_len, mc.d_model, halves=mc.positional == "sinusoidal_halves")
     if mc.pre_layer_norm:
       side_spec.layer_norm.gamma = flat[f"{side}/final_norm/scale"]
       side_spec.layer_norm.beta = flat[f"{side}/final_norm/bias"]
 
   enc_layers = _Layers(flat, "encoder", mc.scan_layers)
   for i, layer in enumerate(encoder.layer):
-    _self_attention(layer.self_attention, enc_layers, i, "attention_block")
+    _self_attention(layer.self_attention, enc_layers, i, "attention_block", mc.attention_bias)
     _ffn(layer.ffn, enc_layers, i)
   dec_layers = _Layers(flat, "decoder", mc.scan_layers)
   for i, layer in enumerate(decoder.layer):
-    _self_attention(layer.self_attention, dec_layers, i, "self_attention_block")
-    _cross_attention(layer.attention, dec_layers, i)
+    _self_attention(layer.self_attention, dec_layers, i, "self_attention_block",
+                    mc.attention_bias)
+    _cross_attention(layer.attention, dec_layers, i, mc.attention_bias)
     _ffn(layer.ffn, dec_layers, i)
   if mc.share_embeddings:
     decoder.projection.weight = flat["embed/embedding"]
   else:
     decoder.projection.weight = np.ascontiguousarray(flat["decoder/logits/kernel"].T)
+  if mc.logits_bias:
+    decoder.projection.bias = flat["decoder/logits_bias"]
 
   tokens = list(vocabulary)
   spec.register_source_vocabulary(tokens)
   spec.register_target_vocabulary(tokens)
-  spec.config.layer_norm_epsilon = LAYER_NORM_EPSILON
+  spec.config.layer_norm_epsilon = mc.layer_norm_epsilon
   # The project's decoder input starts with id 0 and its sentences end with id 1; CTranslate2
   # appends that EOS to each source, so callers pass the pieces alone.
   spec.config.decoder_start_token = tokens[PAD_ID]
@@ -260,7 +289,8 @@ def _check_output_dir(output_dir: str) -> None:
 def export_ctranslate2(params: Any, model_config: ModelConfig, output_dir: str, *,
                        sentencepiece_model: bytes | None = None,
                        vocabulary: Sequence[str] | None = None,
-                       quantization: str | None = None) -> str:
+                       quantization: str | None = None,
+                       files: dict[str, bytes] | None = None) -> str:
   """Writes a CTranslate2 model of `params` to `output_dir` (new or empty); returns it.
 
   Args:
@@ -272,6 +302,8 @@ def export_ctranslate2(params: Any, model_config: ModelConfig, output_dir: str, 
     vocabulary: the tokens by id, when there is no SentencePiece model (default:
       `synthetic_vocabulary`).
     quantization: CTranslate2's weight type, e.g. 'int8' (default: float32 as trained).
+    files: more files to write beside the model, by name (an imported OPUS-MT model's
+      source.spm and target.spm).
 
   Raises:
     ConfigError: a model variant CTranslate2 cannot run. UserError: a bad output directory,
@@ -289,14 +321,22 @@ def export_ctranslate2(params: Any, model_config: ModelConfig, output_dir: str, 
   os.makedirs(output_dir, exist_ok=True)
   spec.save(output_dir)
   if sentencepiece_model is not None:
-    with open(os.path.join(output_dir, SPM_NAME), "wb") as f:
-      f.write(sentencepiece_model)
+    files = {SPM_NAME: sentencepiece_model, **(files or {})}
+  for name, data in (files or {}).items():
+    with open(os.path.join(output_dir, name), "wb") as f:
+      f.write(data)
   return output_dir
 
 
 def export_restored(restored: Any, output_dir: str, quantization: str | None = None) -> str:
   """`export_ctranslate2` of an `infer.Restored` (its parameters and vocabulary)."""
   model_config = restored.translator.model_config
-  sp_bytes = storage.as_path(restored.tokenizer.path).read_bytes()
+  tokenizer = restored.tokenizer
+  if isinstance(tokenizer, MarianTokenizer):  # the pieces in the project's id order
+    names = (marian_tokenizer.SOURCE_SPM, marian_tokenizer.TARGET_SPM)
+    return export_ctranslate2(restored.params, model_config, output_dir,
+                              vocabulary=tokenizer.pieces(), quantization=quantization,
+                              files={n: tokenizer.files[n] for n in names})
+  sp_bytes = storage.as_path(tokenizer.path).read_bytes()
   return export_ctranslate2(restored.params, model_config, output_dir,
                             sentencepiece_model=sp_bytes, quantization=quantization)

@@ -104,10 +104,15 @@ def copy_vocabulary(source: Source, workdir: str) -> None:
   target = storage.as_path(workdir) / VOCAB
   if target.exists():
     return
-  for file in sorted((storage.as_path(source.workdir) / VOCAB).iterdir()):
-    if file.name in NOT_COPIED or file.is_dir():
-      continue
-    storage.write_atomic(target / file.name, file.read_bytes())
+
+  def copy(directory: Any, into: Any) -> None:
+    for entry in sorted(directory.iterdir()):
+      if entry.is_dir():
+        copy(entry, into / entry.name)  # e.g. an imported model's vocab/marian/
+      elif entry.name not in NOT_COPIED:
+        storage.write_atomic(into / entry.name, entry.read_bytes())
+
+  copy(storage.as_path(source.workdir) / VOCAB, target)
   logging.info("Copied the vocabulary of %s into %s", source.workdir, target)
 
 

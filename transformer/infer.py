@@ -18,12 +18,13 @@ from typing import Any
 
 import jax
 
-from transformer import compilation, storage
+from transformer import compilation
 from transformer import sharding as sharding_lib
 from transformer.best_checkpoint import best_step_or_error
 from transformer.checkpoint import Checkpointer, average_params, check_meta, run_meta
 from transformer.data import input_pipeline
-from transformer.data.input_pipeline import vocab_path
+from transformer.data.input_pipeline import stored_tokenizer, vocab_path
+from transformer.data.marian_tokenizer import MarianTokenizer
 from transformer.data.tokenizer import Tokenizer
 from transformer.errors import CheckpointError, UserError
 from transformer.train import Trainer
@@ -49,7 +50,7 @@ class Restored:
   """A trained model ready to translate.
 
   Attributes:
-    tokenizer: the workdir's vocabulary.
+    tokenizer: the workdir's vocabulary (an imported OPUS-MT model's: a MarianTokenizer).
     trainer: model, mesh and jitted steps (its `eval_step` scores batches).
     translator: cached greedy / beam search over the mesh.
     params: the parameters (newest checkpoint or an average), sharded like training's; of a
@@ -58,7 +59,7 @@ class Restored:
       'step 2500 (EMA)'.
   """
 
-  tokenizer: Tokenizer
+  tokenizer: Tokenizer | MarianTokenizer
   trainer: Trainer
   translator: Translator
   params: Any
@@ -87,10 +88,10 @@ def restore(config: Any, workdir: str, average: int | None = None,
   model_config = validate(config, jax.device_count())
   # Beam search compiles one program per source length: keep them across runs.
   compilation.use_persistent_cache(config.compilation_cache_dir)
-  path = vocab_path(workdir)
-  if not storage.as_path(path).exists():
-    raise CheckpointError(f"{path} not found: train first with --mode=train --workdir={workdir}")
-  tokenizer = Tokenizer.load(path)
+  tokenizer = stored_tokenizer(workdir)
+  if tokenizer is None:
+    raise CheckpointError(f"{vocab_path(workdir)} not found: train first with --mode=train "
+                          f"--workdir={workdir} (or import a model, --mode=import)")
   mesh = sharding_lib.make_mesh(config.mesh)
   trainer = Trainer(config, mesh, model_config)
   checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), None, async_save=False)

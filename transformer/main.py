@@ -4,10 +4,13 @@ Modes: `train` (default: train, evaluate, checkpoint, resume), `translate` (--in
 to --output or stdout: n-best lists, sampling, jsonl; transformer/corpus.py), `score` (the
 log probability of each `source<TAB>target` line), `average` (average the last N checkpoints
 and evaluate them), `export` (`--format=ctranslate2 --output=DIR`: the newest checkpoint or
-the average of the last N as a CTranslate2 model, transformer/export.py).
-Every mode but training works from `--workdir` alone: the run's config, saved there at its
-first start, is the default (transformer/workdir_config.py); `--config.FIELD=VALUE` overrides
-its decoding and evaluation fields.
+the average of the last N as a CTranslate2 model, transformer/export.py), `import`
+(`--source=DIR --workdir=NEW`: an OPUS-MT (Marian) model in Hugging Face's layout as a workdir
+at step 0, transformer/marian.py; `--config`, by default configs/text.py, gives the fields that
+are not the model's).
+Every mode works from `--workdir` alone: the run's config, saved there at its first start, is
+the default (transformer/workdir_config.py); `--config.FIELD=VALUE` overrides its decoding and
+evaluation fields, and training with it continues the run (or fine-tunes an imported model).
 A user error (bad config value, missing data, incompatible checkpoint) ends with one line on
 stderr naming the field or path, and exit status 2.
 """
@@ -30,7 +33,7 @@ from ml_collections import config_flags  # noqa: E402
 from transformer import host_memory, workdir_config  # noqa: E402
 from transformer.errors import fail  # noqa: E402
 
-MODES = ["train", "translate", "score", "average", "export"]
+MODES = ["train", "translate", "score", "average", "export", "import"]
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "Config file, e.g. configs/numbers.py or configs/wmt.py:big.",
@@ -58,6 +61,10 @@ _FORMAT = flags.DEFINE_string("format", None, "export: the output format (ctrans
 _OUTPUT = flags.DEFINE_string("output", None, "export: a new or empty directory to write to; "
                               "translate/score: a new file (resumed if interrupted), not "
                               "standard output.")
+_SOURCE = flags.DEFINE_string(
+  "source", None, "import: a Hugging Face Marian (OPUS-MT) model directory, as "
+  "save_pretrained writes it (config.json, model.safetensors, source.spm, target.spm, "
+  "vocab.json).")
 _QUANTIZATION = flags.DEFINE_string(
   "quantization", None, "export: CTranslate2 weight type, e.g. int8 (default: float32).")
 _COORDINATOR = flags.DEFINE_string("coordinator_address", None,
@@ -78,9 +85,23 @@ def default_workdir(config_arg: str) -> str:
   return os.path.join("runs", f"{name}-{variant}" if variant else name)
 
 
+# The base config of an import (the fields that are not the model's), when --config is absent.
+IMPORT_BASE = os.path.join("configs", "text.py")
+
+
+def with_import_base(argv: list[str]) -> list[str]:
+  """argv with `--config=<repository>/configs/text.py` added for `--mode=import` without
+  --config, where the repository has it (an installed package has no configs/)."""
+  if (workdir_config.flag_value(argv, "mode") != "import"
+      or workdir_config.flag_value(argv, "config") is not None):
+    return argv
+  base = os.path.join(_PROJECT_DIR, IMPORT_BASE)
+  return [argv[0], f"--config={base}", *argv[1:]] if os.path.exists(base) else argv
+
+
 def parse_flags(argv: list[str]) -> list[str]:
   """absl's parsing, but a bad flag or config file is one line and exit status 2."""
-  argv = workdir_config.with_workdir_config(argv)
+  argv = with_import_base(workdir_config.with_workdir_config(argv))
   try:
     return FLAGS(argv)
   except Exception as e:  # noqa: BLE001 - a bad flag, or a config file that fails to load
@@ -125,9 +146,16 @@ def main(argv: list[str]) -> None:
       config.keys()  # the file is loaded lazily, on first access
   except Exception as e:  # noqa: BLE001 - a config file that is missing or fails to load
     fail(_config_error(e, sys.argv))
+  if config is None and _MODE.value == "import":
+    fail(f"--mode=import needs --config, the base of the fields that are not the model's "
+         f"(e.g. {IMPORT_BASE} of the repository)")
   if config is None:
     fail("--config is required, e.g. --config=configs/numbers.py"
          + ("" if _MODE.value == "train" else ", or --workdir of a trained run"))
+  if _MODE.value == "import" and _WORKDIR.value is None:
+    fail("--mode=import needs --workdir=DIR, a new or empty directory for the model")
+  if _MODE.value == "import" and not _SOURCE.value:
+    fail("--mode=import needs --source=DIR, a Hugging Face Marian model directory")
   import jax
 
   from transformer.errors import UserError
@@ -157,6 +185,10 @@ def main(argv: list[str]) -> None:
       _train(config, workdir)
       return
     from transformer import modes
+
+    if _MODE.value == "import":
+      modes.import_model(config, workdir, _SOURCE.value)
+      return
     from transformer.infer import parse_checkpoint
     from transformer.validate import validate
 

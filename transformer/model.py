@@ -25,7 +25,12 @@ from transformer import dropout as dropout_lib
 
 Array = jax.Array
 
-POSITIONAL = ("sinusoidal", "learned")
+# sinusoidal: the paper's table, sin and cos interleaved (section 3.5); sinusoidal_halves: the
+# same frequencies laid out [sin of all | cos of all], as Marian (OPUS-MT) has them.
+POSITIONAL = ("sinusoidal", "learned", "sinusoidal_halves")
+# The feed-forward nonlinearity: the paper's ReLU (section 3.3), or swish (SiLU) and the exact
+# (erf) GELU, by the names Hugging Face gives them in Marian configs.
+ACTIVATIONS = ("relu", "swish", "gelu")
 REMAT_POLICIES = ("none", "full", "dots")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -48,6 +53,11 @@ class ModelConfig:
   positional: str = "sinusoidal"  # or "learned" (Table 3, row E)
   share_embeddings: bool = True  # source, target and pre-softmax weights (section 3.4)
   pre_layer_norm: bool = False  # False: LayerNorm(x + Sublayer(x)) as in the paper
+  layer_norm_epsilon: float = 1e-6  # Flax's default; Marian (PyTorch's LayerNorm) has 1e-5
+  activation: str = "relu"  # of the feed-forward networks: one of ACTIVATIONS
+  attention_bias: bool = False  # biases on W^Q, W^K, W^V and W^O (Marian has them)
+  logits_bias: bool = False  # a bias on the output logits (Marian's final_logits_bias)
+  scale_embeddings: bool = True  # embeddings times sqrt(d_model) (section 3.4)
   dtype: str = "auto"  # compute dtype (auto: bfloat16 on GPU/TPU, float32 on CPU); params f32
   attention: str = "xla"  # one of attention.IMPLEMENTATIONS
   attention_chunk_size: int = 128
@@ -76,6 +86,10 @@ class ModelConfig:
                        f"got {self.dropout_mask_bits!r}")
     if self.positional not in POSITIONAL:
       raise ValueError(f"model.positional must be one of {POSITIONAL}, got {self.positional!r}")
+    if self.activation not in ACTIVATIONS:
+      raise ValueError(f"model.activation must be one of {ACTIVATIONS}, got {self.activation!r}")
+    if not 0.0 < self.layer_norm_epsilon < 1.0:
+      raise ValueError(f"model.layer_norm_epsilon must be in (0, 1), got {self.layer_norm_epsilon}")
     if self.attention not in attn_lib.IMPLEMENTATIONS:
       raise ValueError(
         f"model.attention must be one of {', '.join(attn_lib.IMPLEMENTATIONS)}, "
@@ -108,18 +122,29 @@ def _constrain(x: Array, names: tuple[str | None, ...]) -> Array:
   return nn.with_logical_constraint(x, names)
 
 
-def sinusoidal_positions(max_len: int, d_model: int) -> np.ndarray:
+def sinusoidal_positions(max_len: int, d_model: int, halves: bool = False) -> np.ndarray:
   """Section 3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(same).
 
+  With `halves` the same values are laid out as Marian has them: the sines of every frequency
+  first, then the cosines (PE(pos, i) = sin, PE(pos, ceil(d/2) + i) = cos).
   Returns float32 [max_len, d_model].
   """
   pos = np.arange(max_len, dtype=np.float64)[:, None]
   two_i = np.arange(0, d_model, 2, dtype=np.float64)[None, :]
   angle = pos / np.power(10000.0, two_i / d_model)
+  sin, cos = np.sin(angle), np.cos(angle[:, : d_model // 2])
+  if halves:
+    return np.concatenate([sin, cos], axis=1).astype(np.float32)
   pe = np.zeros((max_len, d_model), dtype=np.float64)
-  pe[:, 0::2] = np.sin(angle)
-  pe[:, 1::2] = np.cos(angle[:, : d_model // 2])
+  pe[:, 0::2] = sin
+  pe[:, 1::2] = cos
   return pe.astype(np.float32)
+
+
+def activation_fn(name: str) -> Callable[[Array], Array]:
+  """The feed-forward nonlinearity called `name` (one of ACTIVATIONS)."""
+  return {"relu": nn.relu, "swish": nn.swish,
+          "gelu": lambda x: nn.gelu(x, approximate=False)}[name]
 
 
 # ------------------------------------------------------------------ incremental decoding
@@ -171,6 +196,7 @@ class MultiHeadAttention(nn.Module):
   chunk_size: int = 128
   decode: bool = False
   mode: str = MODE_AUTOREGRESSIVE  # with decode=True: one of DECODE_MODES
+  use_bias: bool = False  # biases on the projections (not in the paper; Marian has them)
 
   @nn.compact
   def __call__(
@@ -197,20 +223,23 @@ class MultiHeadAttention(nn.Module):
     # W^Q, W^K, W^V: [d, h, k] per head; Glorot fans over the input and the concatenated heads.
     proj_init = nn.initializers.xavier_uniform(in_axis=0, out_axis=(1, 2))
 
-    def weight(name, d_in):
+    def project(name, x):
+      """x [b, n, d_in] @ W [d_in, h, k] (+ bias [h, k]) -> [b, n, h, k]."""
       w = self.param(name, _init(("embed", "heads", "kv"), proj_init),
-                     (d_in, self.num_heads, head_dim), jnp.float32)
-      return w.astype(self.dtype)
+                     (x.shape[-1], self.num_heads, head_dim), jnp.float32)
+      y = jnp.einsum("bnd,dhk->bnhk", x, w.astype(self.dtype))
+      if self.use_bias:
+        b = self.param(f"{name}_bias", _init(("heads", "kv"), nn.initializers.zeros),
+                       (self.num_heads, head_dim), jnp.float32)
+        y = y + b.astype(self.dtype)
+      return y
 
     inputs_q = inputs_q.astype(self.dtype)
     inputs_kv = inputs_kv.astype(self.dtype)
-    w_q = weight("query", inputs_q.shape[-1])
-    w_k, w_v = weight("key", inputs_kv.shape[-1]), weight("value", inputs_kv.shape[-1])
-    query = jnp.einsum("bqd,dhk->bqhk", inputs_q, w_q)
+    query = project("query", inputs_q)
 
     def project_kv():
-      return (jnp.einsum("bsd,dhk->bshk", inputs_kv, w_k),
-              jnp.einsum("bsd,dhk->bshk", inputs_kv, w_v))
+      return project("key", inputs_kv), project("value", inputs_kv)
 
     if self.decode and not self_attention:
       key, value = self._encoder_side_kv(project_kv, inputs_kv.shape[:2], head_dim)
@@ -236,7 +265,12 @@ class MultiHeadAttention(nn.Module):
                    nn.initializers.xavier_uniform(in_axis=(0, 1), out_axis=2)),
       (self.num_heads, head_dim, self.d_model), jnp.float32,
     )
-    return jnp.einsum("bqhk,hkd->bqd", x, w_o.astype(self.dtype))
+    out = jnp.einsum("bqhk,hkd->bqd", x, w_o.astype(self.dtype))
+    if self.use_bias:
+      b_o = self.param("out_bias", _init(("embed",), nn.initializers.zeros), (self.d_model,),
+                       jnp.float32)
+      out = out + b_o.astype(self.dtype)
+    return out
 
   def _encoder_side_kv(self, project_kv, batch_and_length, head_dim):
     """The cross-attention's keys and values [b, s, h, k]: projected by MODE_PREFILL (and
@@ -326,12 +360,16 @@ def _cached_attention(query: Array, key: Array, value: Array, owners: Array) -> 
 
 
 class FeedForward(nn.Module):
-  """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2 (section 3.3). [b, n, d] -> [b, n, d]."""
+  """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2 (section 3.3). [b, n, d] -> [b, n, d].
+
+  `activation` (ACTIVATIONS) replaces max(0, .), the ReLU, with swish or GELU.
+  """
 
   d_model: int
   d_ff: int
   dropout_rate: float = 0.0
   dtype: Any = jnp.float32
+  activation: str = "relu"
 
   @nn.compact
   def __call__(self, x: Array, deterministic: bool = True) -> Array:
@@ -340,7 +378,7 @@ class FeedForward(nn.Module):
       kernel_init=_init(("embed", "mlp")), bias_init=_init(("mlp",), nn.initializers.zeros),
       name="wi",
     )(x)
-    h = _constrain(nn.relu(h), ("batch", "length", "mlp"))
+    h = _constrain(activation_fn(self.activation)(h), ("batch", "length", "mlp"))
     return nn.Dense(
       self.d_model, dtype=self.dtype, param_dtype=jnp.float32,
       kernel_init=_init(("mlp", "embed")), bias_init=_init(("embed",), nn.initializers.zeros),
@@ -351,6 +389,14 @@ class FeedForward(nn.Module):
 def make_dropout(cfg: ModelConfig) -> dropout_lib.Dropout:
   """Dropout with P_drop = cfg.dropout_rate (section 5.4) and the configured mask bits."""
   return dropout_lib.Dropout(cfg.dropout_rate, cfg.dropout_mask_bits)
+
+
+def layer_norm(cfg: ModelConfig, name: str) -> nn.LayerNorm:
+  """Layer normalization over d_model (Ba et al., 2016) with the config's epsilon."""
+  return nn.LayerNorm(epsilon=cfg.layer_norm_epsilon, dtype=cfg.compute_dtype,
+                      param_dtype=jnp.float32, name=name,
+                      scale_init=_init(("embed",), nn.initializers.ones),
+                      bias_init=_init(("embed",), nn.initializers.zeros))
 
 
 class _Sublayer(nn.Module):
@@ -365,11 +411,7 @@ class _Sublayer(nn.Module):
   @nn.compact
   def __call__(self, x: Array, fn: Callable[[Array], Array]) -> Array:
     cfg = self.config
-    norm = nn.LayerNorm(
-      dtype=cfg.compute_dtype, param_dtype=jnp.float32, name="norm",
-      scale_init=_init(("embed",), nn.initializers.ones),
-      bias_init=_init(("embed",), nn.initializers.zeros),
-    )
+    norm = layer_norm(cfg, "norm")
     dropout = make_dropout(cfg)
     if cfg.pre_layer_norm:
       return x + dropout(fn(norm(x)), deterministic=self.deterministic)
@@ -382,12 +424,13 @@ def _attention(cfg: ModelConfig, name: str, decode: bool = False,
     num_heads=cfg.num_heads, d_model=cfg.d_model, head_dim=cfg.head_dim,
     dropout_rate=cfg.attention_dropout_rate, dropout_bits=cfg.dropout_mask_bits,
     dtype=cfg.compute_dtype, implementation=cfg.attention, chunk_size=cfg.attention_chunk_size,
-    decode=decode, mode=mode, name=name,
+    decode=decode, mode=mode, use_bias=cfg.attention_bias, name=name,
   )
 
 
 def _feed_forward(cfg: ModelConfig) -> FeedForward:
-  return FeedForward(cfg.d_model, cfg.d_ff, dtype=cfg.compute_dtype, name="feed_forward")
+  return FeedForward(cfg.d_model, cfg.d_ff, dtype=cfg.compute_dtype, activation=cfg.activation,
+                     name="feed_forward")
 
 
 class EncoderLayer(nn.Module):
@@ -481,7 +524,8 @@ def _layer_stack(cls, cfg: ModelConfig, x: Array, args: tuple, **kwargs) -> Arra
 
 
 class Embed(nn.Module):
-  """Token embedding times sqrt(d_model) (section 3.4) plus positional encoding (3.5).
+  """Token embedding times sqrt(d_model) (section 3.4; unscaled without
+  `scale_embeddings`) plus positional encoding (3.5).
 
   Also the pre-softmax projection when the weights are tied (`attend`).
   """
@@ -502,12 +546,15 @@ class Embed(nn.Module):
         (cfg.max_len, cfg.d_model), jnp.float32,
       )
     else:
-      self.positions = jnp.asarray(sinusoidal_positions(cfg.max_len, cfg.d_model))
+      self.positions = jnp.asarray(sinusoidal_positions(
+        cfg.max_len, cfg.d_model, halves=cfg.positional == "sinusoidal_halves"))
 
   def __call__(self, tokens: Array, positions: Array | None = None) -> Array:
     """tokens int [b, n]; positions int [b, n] (default 0..n-1). Returns [b, n, d]."""
     cfg = self.config
-    x = jnp.take(self.embedding, tokens, axis=0) * jnp.sqrt(jnp.float32(cfg.d_model))
+    x = jnp.take(self.embedding, tokens, axis=0)
+    if cfg.scale_embeddings:
+      x = x * jnp.sqrt(jnp.float32(cfg.d_model))
     if positions is None:
       pe = self.positions[None, : tokens.shape[1]]
     else:
@@ -547,9 +594,7 @@ class Encoder(nn.Module):
     args = (src_mask,) if segment_ids is None else (src_mask, segment_ids)
     x = _layer_stack(EncoderLayer, cfg, x, args, deterministic=deterministic)
     if cfg.pre_layer_norm:
-      x = nn.LayerNorm(dtype=cfg.compute_dtype, param_dtype=jnp.float32, name="final_norm",
-                       scale_init=_init(("embed",), nn.initializers.ones),
-                       bias_init=_init(("embed",), nn.initializers.zeros))(x)
+      x = layer_norm(cfg, "final_norm")(x)
     return x
 
 
@@ -590,15 +635,16 @@ class Decoder(nn.Module):
     y = _layer_stack(DecoderLayer, cfg, y, args, deterministic=deterministic, decode=self.decode,
                      mode=mode)
     if cfg.pre_layer_norm:
-      y = nn.LayerNorm(dtype=cfg.compute_dtype, param_dtype=jnp.float32, name="final_norm",
-                       scale_init=_init(("embed",), nn.initializers.ones),
-                       bias_init=_init(("embed",), nn.initializers.zeros))(y)
+      y = layer_norm(cfg, "final_norm")(y)
     if cfg.share_embeddings:
       logits = embed.attend(y)
     else:
       logits = nn.Dense(cfg.vocab_size, use_bias=False, dtype=cfg.compute_dtype,
                         param_dtype=jnp.float32, kernel_init=_init(("embed", "vocab")),
                         name="logits")(y).astype(jnp.float32)
+    if cfg.logits_bias:
+      logits = logits + self.param("logits_bias", _init(("vocab",), nn.initializers.zeros),
+                                   (cfg.vocab_size,), jnp.float32)
     return _constrain(logits, ("batch", "length", "vocab"))
 
 

@@ -1,10 +1,12 @@
-"""The translate, score, average and export modes of the main program.
+"""The translate, score, average, export and import modes of the main program.
 
 translate and score: a corpus, read in chunks, from the newest checkpoint (or a given step,
 or the average of the last N); formats, awkward input and resume in transformer/corpus.py.
 
 export: the newest checkpoint (or the average of the last N) as a CTranslate2 model, see
 transformer/export.py.
+
+import: an OPUS-MT (Marian) model directory as a new workdir, see transformer/marian.py.
 """
 
 from __future__ import annotations
@@ -110,3 +112,16 @@ def export_model(config: Any, workdir: str, fmt: str | None, output: str | None,
     export.export_restored(model, output, quantization)
     print(f"exported the parameters of {model.label} to {output} ({fmt}"
           f"{', ' + quantization if quantization else ''})", flush=True)
+
+
+def import_model(config: Any, workdir: str, source: str | None) -> None:
+  """`--mode=import --source=DIR`: the Marian (OPUS-MT) model of DIR as a new workdir, its
+  training and decoding fields from `config` (transformer/marian.py)."""
+  from transformer import marian
+
+  if not source:
+    raise UserError("--mode=import needs --source=DIR, a Hugging Face Marian model directory "
+                    "(config.json, model.safetensors, source.spm, target.spm, vocab.json)")
+  summary = marian.import_model(config, source, workdir)
+  if jax.process_index() == 0:
+    print(summary, flush=True)

@@ -114,6 +114,8 @@ class Search:
   top_k: int = 0
   top_p: float = 1.0
   seed: int = 0
+  # Never choose the padding id (0): OPUS-MT models forbid it (Hugging Face's bad_words_ids).
+  suppress_padding: bool = False
 
   @classmethod
   def from_config(cls, decode_config: Any) -> Search:
@@ -148,6 +150,7 @@ def decode_hypotheses(params: Any, inputs: Array, model_config: ModelConfig, sea
   """
   rows = nbest if search.method == "sample" else 1
   beams = search.beam_size if search.method == "beam" else 1
+  banned = PAD_ID if search.suppress_padding else None
   model = build_model(model_config)
   step_model = build_model(model_config, incremental=True)
   encoded = model.apply({"params": params}, inputs, method=type(model).encode)
@@ -177,11 +180,13 @@ def decode_hypotheses(params: Any, inputs: Array, model_config: ModelConfig, sea
   if search.method == "beam":
     seqs, scores, log_probs = decode_lib.beam_search(
       tokens_to_logits, cache, batch_size=batch, beam_size=beams, alpha=search.alpha,
-      max_lengths=max_lengths, max_len=max_len, reorder=reorder, num_hypotheses=nbest)
+      max_lengths=max_lengths, max_len=max_len, reorder=reorder, num_hypotheses=nbest,
+      banned_id=banned)
     return seqs[:, :nbest], scores[:, :nbest], log_probs[:, :nbest]
   if search.method == "greedy":
     seqs, log_probs = decode_lib.greedy_decode(tokens_to_logits, cache, batch_size=batch,
-                                               max_lengths=max_lengths, max_len=max_len)
+                                               max_lengths=max_lengths, max_len=max_len,
+                                               banned_id=banned)
   else:
     ids = jnp.arange(batch // rows) if sentence_ids is None else sentence_ids
     sources = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(jax.random.key(search.seed), ids)
@@ -189,7 +194,8 @@ def decode_hypotheses(params: Any, inputs: Array, model_config: ModelConfig, sea
       k, jnp.arange(rows)))(sources).reshape(-1)
     seqs, log_probs = decode_lib.sample_decode(
       tokens_to_logits, cache, rngs=keys, batch_size=batch, max_lengths=max_lengths,
-      max_len=max_len, temperature=search.temperature, top_k=search.top_k, top_p=search.top_p)
+      max_len=max_len, temperature=search.temperature, top_k=search.top_k, top_p=search.top_p,
+      banned_id=banned)
   lengths = jnp.sum(seqs > 0, axis=-1)
   scores = log_probs / decode_lib.length_penalty(lengths, search.alpha)
   unflat = lambda x: decode_lib.unflatten_beams(x, batch // rows)

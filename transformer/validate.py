@@ -23,7 +23,7 @@ from transformer import evaluators, profiling
 from transformer import sharding as sharding_lib
 from transformer.data.input_pipeline import BUCKET_MULTIPLE
 from transformer.errors import ConfigError, show
-from transformer.model import DTYPES, POSITIONAL, REMAT_POLICIES, ModelConfig
+from transformer.model import ACTIVATIONS, DTYPES, POSITIONAL, REMAT_POLICIES, ModelConfig
 from transformer.model_family import KINDS
 from transformer.schedules import NEED_WARMUP, SCHEDULES
 from transformer.translate import METHODS
@@ -239,6 +239,11 @@ MODEL_FIELDS: dict[str, Check] = {
   "model.positional": choice(POSITIONAL, optional=True),
   "model.share_embeddings": flag(optional=True),
   "model.pre_layer_norm": flag(optional=True),
+  "model.layer_norm_epsilon": number(0, 1, lo_open=True, hi_open=True, optional=True),
+  "model.activation": choice(ACTIVATIONS, optional=True),
+  "model.attention_bias": flag(optional=True),
+  "model.logits_bias": flag(optional=True),
+  "model.scale_embeddings": flag(optional=True),
   "model.dtype": choice(DTYPES, optional=True),
   "model.attention": choice(attn_lib.IMPLEMENTATIONS, optional=True),
   "model.attention_chunk_size": integer(1, MAX_LEN, optional=True),
@@ -324,6 +329,7 @@ FIELDS: dict[str, Check] = {
   "decode.top_k": integer(0, MAX_VOCAB, " (0: all)", optional=True),
   "decode.top_p": number(0, 1, lo_open=True, optional=True),
   "decode.seed": integer(0, MAX_SEED, optional=True),
+  "decode.suppress_padding": flag(optional=True),
   "decode.chunk_size": integer(1, MAX_TOKENS, optional=True),
   # The system.
   "compilation_cache_dir": Check(_accepting(
@@ -389,7 +395,6 @@ def validate(config: Any, num_devices: int) -> ModelConfig:
   check_fields(config, FIELDS)
   mc = model_config(config)
   _check_evaluation(config)
-  _check_corpus(config)
   train_row, eval_row = _check_lengths(config, mc)
   _check_batches(config, train_row, eval_row)
   _check_schedule(config)
@@ -413,14 +418,6 @@ def _check_evaluation(config: Any) -> None:
   if patience and not metric:
     raise ConfigError(f"early_stopping.patience={patience}: needs best_checkpoint.metric, the "
                       "metric whose improvement it waits for")
-
-
-def _check_corpus(config: Any) -> None:
-  if config.dataset == "text":
-    files = config.data.get("train_files")
-    if not (files if isinstance(files, str | None) else any(dict(files).values())):
-      raise ConfigError("data.train_files: not set; dataset='text' trains on your own files "
-                        "(configs/text.py documents the fields)")
 
 
 def _check_lengths(config: Any, mc: ModelConfig) -> tuple[int, int]:

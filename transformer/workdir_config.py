@@ -1,9 +1,11 @@
 """The run's config, saved in its workdir: every mode but training works from the workdir alone.
 
-Training writes `<workdir>/config.json` at its first start (every field, with its type). The
-main program's other modes take it as their config when `--config` is not given, by loading
-this file as a config file (`--config=<this file>:<workdir>`, `get_config` below), so that
-`--config.decode.beam_size=8` overrides it like any config file. A copied workdir (local or
+Training (or an import, transformer/marian.py) writes `<workdir>/config.json` at its first
+start (every field, with its type). The main program takes it as its config when `--config` is
+not given with `--workdir`, by loading this file as a config file
+(`--config=<this file>:<workdir>`, `get_config` below), so that `--config.decode.beam_size=8`
+overrides it like any config file: every mode reads it, and training continues (or fine-tunes)
+the workdir with it. A copied workdir (local or
 `gs://`) therefore translates, scores and exports without the training corpus or the config
 file it was trained with.
 
@@ -115,8 +117,8 @@ def get_config(workdir: str | None = None) -> config_dict.ConfigDict:
     raise ValueError("workdir_config.py needs the workdir: --config=workdir_config.py:WORKDIR")
   config = load(workdir)
   if config is None:
-    raise ValueError(f"{path(workdir)} not found: pass --config, the config the run was "
-                     "trained with")
+    raise ValueError(f"{path(workdir)} not found: pass --config (the config the run was "
+                     "trained with, or for a new run a config file such as configs/numbers.py)")
   return config
 
 
@@ -127,6 +129,16 @@ def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
       out.update(_flat(node[key], f"{prefix}{key}."))
     return out
   return {prefix[:-1]: json.loads(json.dumps(_encode(node)))}
+
+
+def _model_defaults() -> dict[str, Any]:
+  """ModelConfig's defaults, as `_flat` gives them."""
+  import dataclasses
+
+  from transformer.model import ModelConfig
+
+  return {k: json.loads(json.dumps(_encode(v))) for k, v in
+          dataclasses.asdict(ModelConfig()).items()}
 
 
 def check_same(saved: config_dict.ConfigDict, config: config_dict.ConfigDict) -> None:
@@ -143,6 +155,9 @@ def check_same(saved: config_dict.ConfigDict, config: config_dict.ConfigDict) ->
     return {k: v for k, v in out.items() if k not in FREE}
 
   want, got = fixed(saved), fixed(config)
+  # A model field absent from one of them is newer than that config: it had the default.
+  default = {f"model.{k}": v for k, v in _model_defaults().items()}
+  want, got = {**default, **want}, {**default, **got}
   for field in sorted(set(want) | set(got)):
     if want.get(field, "<absent>") != got.get(field, "<absent>"):
       raise ConfigError(
@@ -163,10 +178,11 @@ def flag_value(argv: list[str], name: str) -> str | None:
 
 
 def with_workdir_config(argv: list[str]) -> list[str]:
-  """argv with `--config=<workdir_config.py>:WORKDIR` added when a mode other than training
-  has --workdir and no --config: the workdir's saved config is the default."""
+  """argv with `--config=<workdir_config.py>:WORKDIR` added when a command has --workdir and
+  no --config: the workdir's saved config is the default (of every mode but import, which
+  writes a new workdir)."""
   mode = flag_value(argv, "mode") or "train"
   workdir = flag_value(argv, "workdir")
-  if mode == "train" or workdir is None or flag_value(argv, "config") is not None:
+  if mode == "import" or workdir is None or flag_value(argv, "config") is not None:
     return argv
   return [argv[0], f"--config={__file__}:{workdir}", *argv[1:]]

@@ -47,9 +47,10 @@ from transformer.data import corpora, plan_cache, token_cache
 from transformer.data.batch_rows import check_process, padded_rows, process_rows
 from transformer.data.corpora import Reader
 from transformer.data.errors import DataError
+from transformer.data.marian_tokenizer import MarianTokenizer
 from transformer.data.packing import PackedBatches
 from transformer.data.token_cache import TokenizedSplit
-from transformer.data.tokenizer import Tokenizer, VocabSizeError, truncate
+from transformer.data.tokenizer import SOURCE, TARGET, Tokenizer, VocabSizeError, truncate
 
 SPLITS = ("train", "validation", "test")
 
@@ -92,13 +93,32 @@ def vocabulary_sample(reader: Reader, n: int, seed: int) -> Iterator[bytes]:
 
 
 def vocab_path(workdir: str | os.PathLike) -> str:
-  """`<workdir>/vocab/spm.model`."""
+  """`<workdir>/vocab/spm.model`: the SentencePiece model training makes."""
   return os.fspath(storage.as_path(workdir) / "vocab" / "spm.model")
 
 
+def marian_vocab_path(workdir: str | os.PathLike) -> str:
+  """`<workdir>/vocab/marian/`: an imported OPUS-MT model's vocabulary (source.spm,
+  target.spm, vocab.json; data/marian_tokenizer.py)."""
+  return os.fspath(storage.as_path(workdir) / "vocab" / "marian")
+
+
+def stored_tokenizer(workdir: str | os.PathLike) -> Tokenizer | MarianTokenizer | None:
+  """The workdir's vocabulary, of the kind its location says (`marian_vocab_path` or
+  `vocab_path`); None if it has neither."""
+  marian = storage.as_path(marian_vocab_path(workdir))
+  if (marian / "vocab.json").exists():
+    return MarianTokenizer.load(marian)
+  if storage.as_path(vocab_path(workdir)).exists():
+    return Tokenizer.load(vocab_path(workdir))
+  return None
+
+
 def get_tokenizer(config: Any, workdir: str, reader: Reader | None, *,
-                  builder: bool = True, wait_timeout: float = 4 * 3600) -> Tokenizer:
-  """Loads `<workdir>/vocab/spm.model`, or trains it on a sample of the training pairs.
+                  builder: bool = True, wait_timeout: float = 4 * 3600
+                  ) -> Tokenizer | MarianTokenizer:
+  """Loads `<workdir>/vocab/spm.model`, or trains it on a sample of the training pairs; an
+  imported OPUS-MT vocabulary (`marian_vocab_path`) is loaded instead where there is one.
 
   The vocabulary has exactly `config.data.vocab_size` ids (else `DataError`: a stored one of
   another size, or a training text too small for that many pieces).
@@ -106,12 +126,18 @@ def get_tokenizer(config: Any, workdir: str, reader: Reader | None, *,
   The sample is `config.data.spm_train_sentences` pairs (both sides) drawn with
   `config.seed` (`vocabulary_sample`), so training is deterministic and a resumed run reuses
   the stored vocabulary. Only a `builder` process (process 0) trains; the others wait for
-  its file.
+  its file. An imported vocabulary was not trained on the corpus, so it is not keyed by it.
 
   The vocabulary is keyed by the corpus: `<workdir>/vocab/corpus.sha256` holds the reader's
   fingerprint (the files' contents for a text corpus), and a stored vocabulary of another
   corpus (e.g. an edited file) is a `DataError`, never silently reused.
   """
+  if (storage.as_path(marian_vocab_path(workdir)) / "vocab.json").exists():
+    tok = MarianTokenizer.load(marian_vocab_path(workdir))
+    if tok.vocab_size != config.data.vocab_size:
+      raise DataError(f"{tok.path} has {tok.vocab_size} ids but config.data.vocab_size is "
+                      f"{config.data.vocab_size}: use the workdir's config")
+    return tok
   path = storage.as_path(vocab_path(workdir))
   corpus = path.parent / "corpus.sha256"
   if not builder:
@@ -150,15 +176,15 @@ def get_tokenizer(config: Any, workdir: str, reader: Reader | None, *,
 
 
 def tokenize_pairs(
-  tokenizer: Tokenizer, pairs: Sequence[tuple[str, str]], chunk: int = 65536
+  tokenizer: Tokenizer | MarianTokenizer, pairs: Sequence[tuple[str, str]], chunk: int = 65536
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
   """Encodes (source, target) strings into two lists of int32 id arrays ending in EOS."""
   src: list[np.ndarray] = []
   tgt: list[np.ndarray] = []
   for start in range(0, len(pairs), chunk):  # Chunks bound the Python lists alive at once.
     part = pairs[start : start + chunk]
-    for out, side in ((src, 0), (tgt, 1)):
-      ids = tokenizer.encode_batch([p[side] for p in part])
+    for out, index, side in ((src, 0, SOURCE), (tgt, 1, TARGET)):
+      ids = tokenizer.encode_batch([p[index] for p in part], side=side)
       out.extend(np.asarray(x, np.int32) for x in ids)
   return src, tgt
 

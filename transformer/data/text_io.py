@@ -138,7 +138,8 @@ class TextReader:
     self._scans: dict[str, FileScan] = {}
     train = splits["train"]
     if train is None:
-      raise DataError("data.train_files: not set (the training corpus)")
+      raise DataError("data.train_files: not set; dataset='text' trains on your own files "
+                      "(configs/text.py documents the fields)")
     n = self._check_aligned(train)
     missing = [s for s in ("validation", "test") if splits.get(s) is None]
     if missing and n - heldout * len(missing) < 1:

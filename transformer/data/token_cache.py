@@ -40,7 +40,7 @@ from etils import epath
 from transformer import storage
 from transformer.data.errors import DataError
 from transformer.data.tfds_io import Chunk
-from transformer.data.tokenizer import Tokenizer
+from transformer.data.tokenizer import SOURCE, Tokenizer
 
 FORMAT = 1
 _FILES = ("source.bin", "target.bin", "source_offsets.npy", "target_offsets.npy")
@@ -97,10 +97,12 @@ def id_dtype(vocab_size: int) -> np.dtype:
   return np.dtype(np.uint16) if vocab_size <= np.iinfo(np.uint16).max + 1 else np.dtype(np.int32)
 
 
-def encode_chunk(tokenizer: Tokenizer, texts: list[bytes], dtype: np.dtype
+def encode_chunk(tokenizer: Tokenizer, texts: list[bytes], dtype: np.dtype, side: str = SOURCE
                  ) -> tuple[np.ndarray, np.ndarray]:
-  """Flat ids (each text's ids then EOS) and [len(texts)] lengths of one chunk of texts."""
-  ids = tokenizer.encode_batch(texts)  # SentencePiece encodes the chunk on all cores.
+  """Flat ids (each text's ids then EOS) and [len(texts)] lengths of one chunk of texts on one
+  `side` of the translation (tokenizer.SOURCE or TARGET)."""
+  # SentencePiece encodes the chunk on all cores.
+  ids = tokenizer.encode_batch(texts, side=side)
   lengths = np.fromiter(map(len, ids), np.int64, count=len(ids))
   flat = np.fromiter(itertools.chain.from_iterable(ids), dtype, count=int(lengths.sum()))
   return flat, lengths
@@ -120,7 +122,7 @@ def write_split(directory: str, chunks: Iterable[Chunk], tokenizer: Tokenizer,
        open(os.path.join(directory, "target.bin"), "wb") as ft:
     for src, tgt in chunks:
       for side, texts, f in (("source", src, fs), ("target", tgt, ft)):
-        flat, lens = encode_chunk(tokenizer, texts, dtype)
+        flat, lens = encode_chunk(tokenizer, texts, dtype, side)
         f.write(flat.tobytes())
         lengths[side].append(lens)
       n += len(src)

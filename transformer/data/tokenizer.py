@@ -24,6 +24,10 @@ from transformer.data.errors import DataError
 PAD_ID = 0
 EOS_ID = 1
 UNK_ID = 2
+# The side of the translation a text is on: a vocabulary with one model per language
+# (OPUS-MT's, data/marian_tokenizer.py) encodes each side with its own; this one ignores it.
+SOURCE, TARGET = "source", "target"
+SIDES = (SOURCE, TARGET)
 
 
 def truncate(ids: Sequence[int] | np.ndarray, limit: int) -> Sequence[int] | np.ndarray:
@@ -171,11 +175,12 @@ class Tokenizer:
     """Number of ids, including pad, EOS and unknown."""
     return self._sp.get_piece_size()
 
-  def encode(self, text: str) -> list[int]:
-    """Ids of `text` followed by EOS (1); never contains 0."""
+  def encode(self, text: str, side: str = SOURCE) -> list[int]:
+    """Ids of `text` followed by EOS (1); never contains 0. One model serves both `side`s."""
     return self._sp.encode(text) + [EOS_ID]
 
-  def encode_batch(self, texts: Sequence[str], num_threads: int = -1) -> list[list[int]]:
+  def encode_batch(self, texts: Sequence[str | bytes], num_threads: int = -1,
+                   side: str = SOURCE) -> list[list[int]]:
     """`encode` of each text (SentencePiece runs the batch on several threads)."""
     ids = self._sp.encode(list(texts), num_threads=num_threads)
     for x in ids:
