@@ -27,7 +27,7 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   # Packed rows: German targets are about 0.64 as long as the English sources (in pieces) and
   # at most 42, so narrower target rows. Real tokens 0.96 of the positions against 0.62 in
   # buckets, 1.45x to 1.55x the real tokens per second on 2 shared CPU cores (three runs;
-  # experiments/results/packing_numbers.md), and at the same 2500 steps test BLEU 98.97
+  # benchmarks/results/packing.md, numbers), and at the same 2500 steps test BLEU 98.97
   # against 97.38.
   config.data.packing = True
   config.data.packed_source_len = 64

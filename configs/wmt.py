@@ -34,7 +34,7 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   config.data.vocab_size = 32000 if french else 37000
   # The vocabulary is trained on a sample of 500k pairs (1M sentences, drawn by index from
   # the stream): SentencePiece's time and memory grow with its input (1M pairs took 447 s and
-  # 6.4 GiB on 2 cores, 500k 224 s and 3.6 GiB: experiments/results/pipeline_vocab_1M_pairs.md
+  # 6.4 GiB on 2 cores, 500k 224 s and 3.6 GiB: benchmarks/results/pipeline.md
   # and pipeline.md), and 1M sentences is plenty for 37,000 pieces.
   config.data.spm_train_sentences = 500_000
   config.data.tokens_per_batch = 25000
@@ -42,7 +42,7 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   config.data.max_target_len = 256
   # Packed rows of 256 tokens a side, several pairs each, as flax's WMT example, t5x and MaxText
   # train: ~0.98 of the positions are real tokens, against ~0.81 in length buckets
-  # (experiments/results/packing_wmt-base.md). `--config.data.packing=False` trains on length
+  # (benchmarks/results/packing.md, wmt-base). `--config.data.packing=False` trains on length
   # buckets instead, derived from the training split ('auto') unless a list is given.
   config.data.packing = True
   config.data.packed_source_len = 256

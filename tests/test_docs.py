@@ -213,6 +213,7 @@ def command_parser(module_name: str) -> Callable[[list[str]], list[str]]:
 # holding that config's config.json.
 WORKDIR_CONFIGS = {"runs/numbers": "configs/numbers.py", "runs/mine": "configs/text.py:en-de,small",
                    "runs/wmt-base": "configs/wmt.py:base",
+                   "runs/numbers-es": "configs/numbers.py",
                    # an imported OPUS-MT model: its config has text.py's fields
                    "runs/opus-mt-en-de": "configs/text.py:en-de"}
 

@@ -349,8 +349,9 @@ def test_fine_tuning_continues_the_imported_workdir(workdir, tmp_path):
   proc = run_main(f"--workdir={tuned}", f"--config.data.train_files.en={tmp_path}/train.en",
                   f"--config.data.train_files.de={tmp_path}/train.de",
                   "--config.data.heldout_pairs=4", "--config.num_train_steps=2",
-                  "--config.log_every_steps=1", "--config.eval_every_steps=2",
-                  "--config.checkpoint_every_steps=2", "--config.eval_bleu_sentences=2",
+                  "--config.log_every_steps=1", "--config.evals.valid_loss.every_steps=2",
+                  "--config.checkpoint_every_steps=2",
+                  "--config.evals.valid_translation.sentences=2",
                   "--config.decode.method=greedy", timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "Resumed from the checkpoint of step 0" in proc.stderr, proc.stderr[-3000:]

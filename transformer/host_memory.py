@@ -4,7 +4,7 @@ XLA:CPU allocates the temporary buffers of every execution afresh (a training st
 hundreds of MiB), and glibc serves blocks that large with `mmap` and gives them back with
 `munmap`, so the kernel maps and zeroes each 4 KiB page of them again in every step: about
 200,000 minor page faults per step at the small shapes of experiments/compare_peer.py and
-400,000 at the base model's (the page-fault column of experiments/results/benchmark_vs_peer.md).
+400,000 at the base model's (the page-fault column of benchmarks/results/train_step_vs_torch.md).
 glibc 2.35 and later can ask for transparent huge pages for those blocks
 (`GLIBC_TUNABLES=glibc.malloc.hugetlb=1`, https://www.gnu.org/software/libc/manual/html_node/
 Memory-Allocation-Tunables.html): one fault per 2 MiB instead of per 4 KiB.
