@@ -308,3 +308,27 @@ def numbers_config_references(config):
   from transformer.data import input_pipeline
 
   return {"validation": input_pipeline.open_reader(config).read_pairs("validation")}
+
+
+def test_the_domain_adaptation_corpus_holds_out_its_test_numbers(stopped, tmp_path):
+  """experiments/domain_adaptation.py: ordinal phrases whose test numbers training never sees,
+  and one config for both runs that fine-tuning accepts against the general model."""
+  import re
+
+  from experiments import domain_adaptation as da
+  from transformer import workdir_config
+  from transformer.finetune import check_source
+
+  def numbers(pairs):
+    return {phrase for s, _ in pairs for phrase in re.split(r" and then ", s)}
+
+  train, test = da.ordinal_pairs("train", 300), da.ordinal_pairs("test", 100)
+  assert len(train) == 300 and len(test) == 100
+  assert not numbers(train) & numbers(test)
+  assert all(s.startswith("the ") and t.startswith("der ") for s, t in train)
+  assert da.ordinal_pairs("test", 100) == test  # deterministic
+  source, _ = stopped
+  files = da.write_corpus(str(tmp_path / "corpus"), 50, 20)
+  config = da.domain_config(workdir_config.load(source), files, 10, 2)
+  config.init_from = source
+  check_source(config, validate(config, 1))

@@ -370,3 +370,35 @@ def test_fine_tuning_continues_the_imported_workdir(workdir, tmp_path):
   assert model.label == "step 2"
   [[hyp]] = model.translator.search_ids(model.params, [ours(EXPECTED["source_ids"][0])], 1)
   assert hyp.ids and all(0 < i < V for i in hyp.ids)
+
+
+def test_init_from_an_imported_workdir_starts_from_its_parameters_and_vocabulary(workdir,
+                                                                                  tmp_path):
+  """`config.init_from` of an imported workdir: a new workdir whose step 0 holds the imported
+  parameters and whose vocabulary is the imported one (both SentencePiece models and the
+  joint table), used to tokenize the new corpus."""
+  from transformer.checkpoint import Checkpointer
+  from transformer.train import train_and_evaluate
+
+  for lang, texts in (("en", EXPECTED["sources"]), ("de", EXPECTED["targets"])):
+    (tmp_path / f"train.{lang}").write_text("".join(t + "\n" for t in texts * 8))
+  config = workdir_config.load(workdir)
+  config.init_from = workdir
+  config.num_train_steps = 0
+  config.data.heldout_pairs = 4
+  config.data.train_files.en = str(tmp_path / "train.en")
+  config.data.train_files.de = str(tmp_path / "train.de")
+  config.evals.valid_translation.sentences = 2
+  config.evals.test_translation.sentences = 2
+  config.decode.method = "greedy"
+  tuned = str(tmp_path / "tuned")
+  result = train_and_evaluate(config, tuned)
+  assert result["step"] == 0 and np.isfinite(result["eval/loss"])
+  source = Checkpointer(os.path.join(workdir, "checkpoints"), None).restore(0, None)
+  started = Checkpointer(os.path.join(tuned, "checkpoints"), None).restore(0, None)
+  jax.tree.map(np.testing.assert_array_equal, started["params"], source["params"])
+  copied = sorted(os.path.relpath(os.path.join(d, f), os.path.join(tuned, "vocab"))
+                  for d, _, files in os.walk(os.path.join(tuned, "vocab")) for f in files)
+  original = sorted(os.path.relpath(os.path.join(d, f), os.path.join(workdir, "vocab"))
+                    for d, _, files in os.walk(os.path.join(workdir, "vocab")) for f in files)
+  assert set(original) - {"corpus.sha256"} <= set(copied)

@@ -63,7 +63,8 @@ def check_source(config: Any, model_config: ModelConfig) -> Source:
     raise ConfigError(
       f"data.vocab_size={config.data.vocab_size} but init_from={source} has "
       f"{saved.data.vocab_size}: fine-tuning keeps the source's vocabulary")
-  theirs = dict(saved.model)
+  # A field the source's config lacks (saved before the field existed) has its default.
+  theirs = {**dataclasses.asdict(ModelConfig()), **dict(saved.model)}
   ours = dataclasses.asdict(model_config)
   for field in sorted(set(theirs) | set(ours)):
     if field in COMPATIBLE_FIELDS:
