@@ -43,3 +43,15 @@ def gcs():
       yield emulator
     finally:
       restore_env(saved)
+
+
+def pytest_collection_modifyitems(config, items):
+  """Files holding end-to-end runs (a test marked slow) first, the most of them first: the two
+  workers (`--dist loadfile`) take whole files in this order, so the longest start early and
+  the workers finish together instead of one running the last long file alone."""
+  slow: dict[str, int] = {}
+  for item in items:
+    slow[item.fspath.strpath] = slow.get(item.fspath.strpath, 0) + bool(
+      item.get_closest_marker("slow"))
+  order = {path: i for i, path in enumerate(dict.fromkeys(i.fspath.strpath for i in items))}
+  items.sort(key=lambda item: (-slow[item.fspath.strpath], order[item.fspath.strpath]))

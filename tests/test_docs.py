@@ -218,26 +218,38 @@ WORKDIR_CONFIGS = {"runs/numbers": "configs/numbers.py", "runs/mine": "configs/t
                    "runs/opus-mt-en-de": "configs/text.py:en-de"}
 
 
-def with_stand_in_workdir(argv: list[str], root: str) -> list[str]:
-  """`argv` with its --workdir replaced by a stand-in holding the workdir's config.json, when
-  the command takes its config from the workdir; else `argv` unchanged."""
+def stand_in(workdir: str, root: str) -> str:
+  """A directory under `root` holding the config.json that `workdir` would have."""
   import importlib.util
 
   from transformer import workdir_config
 
-  if workdir_config.with_workdir_config(["main", *argv])[1:] == argv:
-    return argv
-  workdir = workdir_config.flag_value(argv, "workdir")
   if workdir not in WORKDIR_CONFIGS:
     raise ValueError(f"--workdir={workdir}: add its config to test_docs.WORKDIR_CONFIGS")
   path, _, arg = WORKDIR_CONFIGS[workdir].partition(":")
   spec = importlib.util.spec_from_file_location("doc_config", os.path.join(ROOT, path))
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
-  stand_in = os.path.join(root, workdir.replace("/", "_"))
-  os.makedirs(stand_in, exist_ok=True)
-  workdir_config.save(module.get_config(arg or None), stand_in)
-  return [a if not a.startswith("--workdir=") else f"--workdir={stand_in}" for a in argv]
+  directory = os.path.join(root, workdir.replace("/", "_"))
+  os.makedirs(directory, exist_ok=True)
+  workdir_config.save(module.get_config(arg or None), directory)
+  return directory
+
+
+def with_stand_in_workdir(argv: list[str], root: str) -> list[str]:
+  """`argv` with its --workdir replaced by a stand-in holding the workdir's config.json, when
+  the command takes its config from the workdir (or names a workdir's config as its config
+  file, `--config=transformer/workdir_config.py:WORKDIR`); else `argv` unchanged."""
+  from transformer import workdir_config
+
+  prefix = "--config=transformer/workdir_config.py:"
+  argv = [prefix + stand_in(a[len(prefix):], root) if a.startswith(prefix) else a
+          for a in argv]
+  if workdir_config.with_workdir_config(["main", *argv])[1:] == argv:
+    return argv
+  workdir = workdir_config.flag_value(argv, "workdir")
+  directory = stand_in(workdir, root)
+  return [a if not a.startswith("--workdir=") else f"--workdir={directory}" for a in argv]
 
 
 def check_commands(commands: list[tuple[str, list[str], str]]) -> list[str]:

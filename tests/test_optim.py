@@ -466,24 +466,6 @@ def test_evaluation_and_inference_use_the_average(ema_run):
   assert abs(of_params - of_average) > 100 * abs(logged - of_average)
 
 
-@pytest.mark.slow
-def test_a_run_stopped_and_resumed_ends_as_one_run_with_the_same_average(ema_run, tmp_path):
-  """Steps 1-3, then a second command for steps 4-6: the checkpoints of the uninterrupted run,
-  bitwise, the average and Adam's moments included."""
-  workdir = str(tmp_path / "w")
-  for steps in (3, 6):
-    proc = run_main(*EMA_RUN, f"--workdir={workdir}", f"--config.num_train_steps={steps}")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-  assert "Resumed from the checkpoint of step 3" in proc.stderr
-  straight, resumed = saved_states(ema_run), saved_states(workdir)
-  assert sorted(resumed) == [3, 6]
-  for step in (3, 6):
-    jax.tree.map(np.testing.assert_array_equal, straight[step], resumed[step])
-  # The log window of step 6 (steps 5 and 6) is the same in both runs.
-  loss = lambda w: {r["step"]: r["train/loss"] for r in read_metrics(w) if "train/loss" in r}  # noqa: E731
-  assert loss(workdir)[6] == loss(ema_run)[6]
-
-
 def test_turning_the_average_off_on_resume_is_one_line_and_touches_nothing(ema_run, tmp_path):
   workdir = str(tmp_path / "w")
   shutil.copytree(ema_run, workdir)

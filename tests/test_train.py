@@ -100,11 +100,13 @@ def test_resume_after_kill_is_bitwise_exact(tmp_path):
   """kill -9 mid-run, restart: the final parameters equal an uninterrupted run's, bitwise.
 
   With packed batches, whose plan of every step is rebuilt from (seed, step) in the new
-  process (bucketed batches go through the same in tests/test_cloud_workdir.py).
+  process (bucketed batches go through the same in tests/test_cloud_workdir.py), each step
+  run as 3 micro-batches (8 rows: two of them padded with empty rows).
   """
   overrides = ["--config.num_train_steps=12", "--config.checkpoint_every_steps=4",
                "--config.evals.valid_loss.every_steps=100", "--config.log_every_steps=1",
-               "--config.data.packing=True", "--config.evals.valid_translation.sentences=4"]
+               "--config.data.packing=True", "--config.evals.valid_translation.sentences=4",
+               "--config.grad_accum_steps=3"]
   straight = str(tmp_path / "straight")
   proc = run_main(*TINY, f"--workdir={straight}", *overrides)
   assert proc.returncode == 0, proc.stderr[-3000:]

@@ -196,7 +196,10 @@ def main(argv: list[str]) -> None:
     if saved is not None:
       workdir_config.check_same(saved, config)
     validate(config, jax.device_count())
-    parse_checkpoint(_CHECKPOINT.value)
+    if parse_checkpoint(_CHECKPOINT.value) is not None and _MODE.value == "average":
+      raise UserError(f"--checkpoint={_CHECKPOINT.value}: --mode=average evaluates the mean of "
+                      "the newest --average=N checkpoints; --checkpoint is for translate, score "
+                      "and export")
     if _MODE.value == "translate":
       modes.translate_corpus(config, workdir, _INPUT.value, _OUTPUT.value, nbest=_NBEST.value,
                              output_format=_OUTPUT_FORMAT.value, average=_AVERAGE.value,
