@@ -507,9 +507,11 @@ def check_nonfinite(config: Any, state: TrainState) -> None:
       "parameters were left as before that step and the last checkpoint is intact"
     )
   if in_a_row >= config.max_consecutive_nonfinite:
+    paper = config.optimizer.get("schedule", "paper") == "paper"
+    rate = "optimizer.learning_rate_scale" if paper else "optimizer.learning_rate"
     raise FloatingPointError(
       f"{in_a_row} non-finite steps in a row (max_consecutive_nonfinite="
-      f"{config.max_consecutive_nonfinite}); lower optimizer.learning_rate_scale or check the data"
+      f"{config.max_consecutive_nonfinite}); lower {rate} or check the data"
     )
 
 
