@@ -213,7 +213,7 @@ def test_fine_tuning_starts_from_the_sources_best_parameters(stopped, tmp_path):
 
 
 def test_fine_tuning_without_the_optimizer_starts_it_afresh(stopped, tmp_path):
-  from transformer.finetune import initial_state
+  from transformer.finetune import check_source, initial_state
   from transformer.sharding import make_mesh
   from transformer.train import Trainer
 
@@ -221,7 +221,7 @@ def test_fine_tuning_without_the_optimizer_starts_it_afresh(stopped, tmp_path):
   config = tiny_config(init_from=source)
   trainer = Trainer(config, make_mesh(config.mesh), validate(config, jax.device_count()))
   meta_vocab = BestCheckpoint(source).checkpointer.read_meta(BestCheckpoint(source).step())
-  state = initial_state(trainer, config, meta_vocab)
+  state = initial_state(trainer, config, meta_vocab, check_source(config, trainer.model_config))
   assert int(state.step) == 0
   fresh = trainer.init_state(config.seed)
   jax.tree.map(np.testing.assert_array_equal, state.opt_state, fresh.opt_state)

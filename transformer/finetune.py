@@ -117,10 +117,9 @@ def copy_vocabulary(source: Source, workdir: str) -> None:
   logging.info("Copied the vocabulary of %s into %s", source.workdir, target)
 
 
-def initial_state(trainer: Any, config: Any, meta: dict[str, Any]) -> Any:
-  """The state a fine-tuning run starts from: the source's parameters at step 0, with a fresh
-  optimizer state (or the source's, with `init_from_optimizer`)."""
-  source = check_source(config, trainer.model_config)
+def initial_state(trainer: Any, config: Any, meta: dict[str, Any], source: Source) -> Any:
+  """The state a fine-tuning run starts from: the parameters of `source` (`check_source`) at
+  step 0, with a fresh optimizer state (or the source's, with `init_from_optimizer`)."""
   checkpointer = Checkpointer(source.checkpoints, None, async_save=False)
   try:
     path = checkpointer.path / str(source.step)

@@ -99,8 +99,9 @@ def restore(config: Any, workdir: str, average: int | None = None,
   n = config.average_last_checkpoints if average is None else average
   if checkpoint == "best":
     best, step = best_step_or_error(workdir)
-    check_meta(meta)(best.read_meta(step), best.path / str(step))
-    record = best.read_meta(step)["best"]
+    saved = best.read_meta(step)
+    check_meta(meta)(saved, best.path / str(step))
+    record = saved["best"]
     params = best.restore(step, trainer.abstract_state).eval_params
     label = f"best checkpoint, step {step} ({record['metric']} {record['value']:.4f})"
     best.close()

@@ -298,9 +298,10 @@ def log_progress(record: dict[str, float], step: int, total: int) -> None:
 
 
 def restore_or_init(trainer: Trainer, checkpointer: Checkpointer, meta: dict[str, Any],
-                    config: Any, workdir: str, tracker: Tracker | None) -> TrainState:
+                    config: Any, workdir: str, tracker: Tracker | None,
+                    source: finetune.Source | None) -> TrainState:
   """The newest usable checkpoint's state (and the tracker's state saved with it); else the
-  parameters of `config.init_from` (fine-tuning); else a fresh state."""
+  parameters of `source`, the checked `config.init_from` (fine-tuning); else a fresh state."""
   restored = checkpointer.restore_latest(trainer.abstract_state, check_meta(meta))
   if restored is not None:
     state, step = restored
@@ -308,8 +309,8 @@ def restore_or_init(trainer: Trainer, checkpointer: Checkpointer, meta: dict[str
     if tracker is not None:
       tracker.restore_state(checkpointer.read_meta(step).get("best_checkpoint"))
     return state
-  if config.get("init_from"):
-    return finetune.initial_state(trainer, config, meta)
+  if source is not None:
+    return finetune.initial_state(trainer, config, meta, source)
   logging.info("Starting from scratch in %s", workdir)
   return trainer.init_state(config.seed)
 
@@ -352,11 +353,12 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
   lock = storage.WorkdirLock(workdir) if jax.process_index() == 0 else contextlib.nullcontext()
   # From here on SIGTERM / SIGINT (a preemption) stop the run at the next step, with a save.
   with lock, _StopSignal() as stop:
-    return _train_and_evaluate(config, workdir, model_config, reader, stop)
+    return _train_and_evaluate(config, workdir, model_config, reader, stop, source)
 
 
 def _train_and_evaluate(config: Any, workdir: str, model_config: ModelConfig,
-                        reader: Any, stop: _StopSignal) -> dict[str, Any]:
+                        reader: Any, stop: _StopSignal,
+                        source: finetune.Source | None) -> dict[str, Any]:
   mesh = sharding_lib.make_mesh(config.mesh)
   data = input_pipeline.build_pipeline(
     config, workdir, batch_multiple=sharding_lib.data_parallel_size(mesh), reader=reader,
@@ -376,7 +378,7 @@ def _train_and_evaluate(config: Any, workdir: str, model_config: ModelConfig,
   ahead = None
   profiler = None
   try:
-    state = restore_or_init(trainer, checkpointer, meta, config, workdir, tracker)
+    state = restore_or_init(trainer, checkpointer, meta, config, workdir, tracker, source)
     step = int(jax.device_get(state.step))
     # A run that stopped early and is started again goes straight to its final evaluation.
     stopped_early = stop_reason(tracker) if tracker is not None and tracker.should_stop() else None
