@@ -20,6 +20,12 @@ _SESSION_DIR = tempfile.mkdtemp(prefix="transformer-tests-")
 atexit.register(shutil.rmtree, _SESSION_DIR, ignore_errors=True)
 os.environ["TFDS_DATA_DIR"] = os.path.join(_SESSION_DIR, "tensorflow_datasets")
 os.environ["TRANSFORMER_CACHE"] = os.path.join(_SESSION_DIR, "cache")
+# One persistent compilation cache for the session, every program in it however fast it
+# compiled: the tests and the programs they start compile many of the same tiny programs, and
+# the main program's default cache is this same directory (compilation.default_cache_dir).
+os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.join(_SESSION_DIR, "cache",
+                                                       "jax_compilation_cache")
+os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
 
 import jax  # noqa: E402
 
@@ -55,3 +61,35 @@ def pytest_collection_modifyitems(config, items):
       item.get_closest_marker("slow"))
   order = {path: i for i, path in enumerate(dict.fromkeys(i.fspath.strpath for i in items))}
   items.sort(key=lambda item: (-slow[item.fspath.strpath], order[item.fspath.strpath]))
+
+
+@pytest.fixture(scope="session")
+def tiny_trained():
+  """A finished run of `configs/numbers.py:tiny` by the main program, trained once for the
+  whole session: the first worker to ask trains it under a lock, the other reuses it.
+
+  Returns (workdir, stdout, stderr). Tests copy the workdir before they change anything in it
+  (`shutil.copytree`); translating from it writes nothing there.
+  """
+  import json
+  import subprocess
+  import sys
+
+  from tests.xla_flags import FAST_COMPILE
+  from transformer import storage
+
+  workdir = os.path.join(_SESSION_DIR, "tiny_trained")
+  record = workdir + ".json"
+  with storage.local_file_lock(workdir + ".lock"):
+    if not os.path.exists(record):
+      proc = subprocess.run(
+        [sys.executable, "-m", "transformer.main", "--config=configs/numbers.py:tiny",
+         f"--workdir={workdir}"], cwd=os.path.dirname(os.path.dirname(__file__)),
+        env=dict(os.environ, XLA_FLAGS=FAST_COMPILE), capture_output=True, text=True,
+        timeout=900)
+      assert proc.returncode == 0, f"the shared tiny run failed:\n{proc.stderr[-3000:]}"
+      with open(record, "w") as f:
+        json.dump({"stdout": proc.stdout, "stderr": proc.stderr}, f)
+  with open(record) as f:
+    output = json.load(f)
+  return workdir, output["stdout"], output["stderr"]

@@ -1,7 +1,7 @@
 """A workdir in a GCS bucket (an offline emulator started by the test): a run is trained, killed
-with -9, resumed, stopped with SIGTERM, resumed again and ends with parameters bitwise equal to
-an uninterrupted local run; then checkpoint averaging, translation and an experiment read the
-bucket. Nothing is written to a local directory named `gs:`."""
+with -9, resumed as on a new VM and ends with parameters bitwise equal to an uninterrupted local
+run; then translation and checkpoint averaging read the bucket. Nothing is written to a local
+directory named `gs:`. (SIGTERM's checkpoint is the same save: test_faults.)"""
 
 import json
 import os
@@ -64,7 +64,7 @@ def wait_until(condition, proc, what, timeout=300):
 
 
 @pytest.mark.slow
-def test_training_in_a_bucket_survives_kill_and_sigterm_and_serves_inference(gcs, tmp_path):
+def test_training_in_a_bucket_survives_kill_and_serves_inference(gcs, tmp_path):
   env = {**os.environ, **gcs.env, "XLA_FLAGS": FAST_COMPILE}
   workdir, prefix = gcs.path("run"), "run"
   args = [*TINY, f"--workdir={workdir}", *OVERRIDES]
@@ -80,25 +80,14 @@ def test_training_in_a_bucket_survives_kill_and_sigterm_and_serves_inference(gcs
   first.communicate()
   assert max(remote_steps(gcs, prefix)) < 30
 
-  # Resume, then SIGTERM: the run saves where it is and exits 0.
-  second = start(args, env)
-  lines = []
-  for line in second.stderr:
-    lines.append(line)
-    if "Resumed from the checkpoint of step" in line:
-      break
-  assert any("taking over the lock" in ln for ln in lines), "".join(lines)[-3000:]
-  second.send_signal(signal.SIGTERM)
-  out, err = second.communicate(timeout=300)
-  assert second.returncode == 0 and "Interrupted by SIGTERM" in out, "".join(lines) + err[-3000:]
-
   # As on a new VM after a preemption: an empty local cache is filled from the bucket's copy
   # of the token cache, not by tokenizing again.
   new_vm = {**gcs.env, "TRANSFORMER_CACHE": str(tmp_path / "new_vm_cache")}
-  third = run_main(*args, env_extra=new_vm)
-  assert third.returncode == 0, third.stderr[-3000:]
-  assert "Resumed from the checkpoint of step" in third.stderr
-  assert "copying the token cache" in third.stderr and "tokenizing" not in third.stderr
+  second = run_main(*args, env_extra=new_vm)
+  assert second.returncode == 0, second.stderr[-3000:]
+  assert "taking over the lock" in second.stderr  # the killed run's lock, in the bucket
+  assert "Resumed from the checkpoint of step" in second.stderr
+  assert "copying the token cache" in second.stderr and "tokenizing" not in second.stderr
   assert_same_run(straight, workdir, 30)
 
   names = objects(gcs, prefix)
@@ -108,7 +97,7 @@ def test_training_in_a_bucket_survives_kill_and_sigterm_and_serves_inference(gcs
   assert f"{prefix}/translations/test_30.txt" in names
 
   assert f"{prefix}/config.json" in names and f"{prefix}/buckets.json" in names
-  # Inference and an experiment read the bucket; translation from the workdir alone.
+  # Inference reads the bucket, from the workdir alone; averaging writes to it.
   tr = subprocess.run([sys.executable, "-m", "transformer.main", f"--workdir={workdir}",
                        "--mode=translate"], input="three hundred\n\nseven\n", cwd=REPO, env=env,
                       capture_output=True, text=True, timeout=600)
@@ -118,12 +107,6 @@ def test_training_in_a_bucket_survives_kill_and_sigterm_and_serves_inference(gcs
                  env_extra=gcs.env)
   assert avg.returncode == 0, avg.stderr[-3000:]
   assert f"{prefix}/translations/average_test_30.txt" in objects(gcs, prefix)
-  png = tmp_path / "maps.png"
-  maps = subprocess.run([sys.executable, "-m", "experiments.attention_maps", *TINY,
-                         f"--workdir={workdir}", f"--out={png}"], cwd=REPO, env=env,
-                        capture_output=True, text=True, timeout=600)
-  assert maps.returncode == 0, maps.stderr[-3000:]
-  assert png.stat().st_size > 0
   for d in (REPO, os.getcwd(), str(tmp_path)):
     assert not os.path.exists(os.path.join(d, "gs:")), d
 

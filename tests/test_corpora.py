@@ -4,10 +4,8 @@ and the checks that run before any work."""
 import gzip
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -16,8 +14,7 @@ import tensorflow_datasets as tfds
 from configs import numbers as numbers_config
 from configs import text as text_config
 from configs import wmt as wmt_config
-from tests.test_train import REPO, assert_same_run, read_metrics, run_main
-from tests.xla_flags import FAST_COMPILE
+from tests.test_train import REPO, read_metrics, run_main
 from transformer.data import corpora
 from transformer.data import numbers as nb
 from transformer.data.errors import DataError
@@ -136,16 +133,18 @@ def test_nested_text_features_and_split_strings(tmp_path):
   assert sum(len(s) for s, _ in reader.chunks("validation", 2)) == 5
 
 
-def numbers_tiny(**data):
+def numbers_tiny(**fields):
   config = numbers_config.get_config("tiny")
-  for k, v in data.items():
-    config.data[k] = v
+  for k, v in fields.items():
+    (config if k == "dataset" else config.data)[k] = v
   return config
 
 
 def test_split_strings_slice_a_prepared_corpus():
-  reader = corpora.open_corpus(numbers_tiny(train_split="train[:25%]", test_split="test[:10]"))
-  full = corpora.open_corpus(numbers_tiny())
+  # The numbers corpus through TFDS, prepared offline on first use.
+  reader = corpora.open_corpus(numbers_tiny(dataset="numbers_translate/tiny",
+                                            train_split="train[:25%]", test_split="test[:10]"))
+  full = corpora.open_corpus(numbers_tiny(dataset="numbers_translate/tiny"))
   assert reader.num_examples("train") == full.num_examples("train") // 4
   assert reader.read_pairs("test") == full.read_pairs("test")[:10]
   assert reader.fingerprint() != full.fingerprint()  # a slice is other data for the caches
@@ -167,11 +166,29 @@ def test_bad_tfds_builder_config_or_language_is_one_line(change, message):
 
 
 def test_a_split_the_builder_does_not_have_lists_its_splits():
-  with pytest.raises(DataError, match=r"data.eval_split='dev': numbers_translate/tiny/\S+ has "
+  with pytest.raises(DataError, match=r"data.eval_split='dev': numbers_translate/tiny has "
                                       r"the splits train, validation, test"):
-    corpora.open_corpus(numbers_tiny(eval_split="dev"))
+    corpora.open_corpus(numbers_tiny(dataset="numbers_translate/tiny", eval_split="dev"))
   with pytest.raises(DataError, match="data.target_lang='fr'"):
+    corpora.open_corpus(numbers_tiny(dataset="numbers_translate/tiny", target_lang="fr"))
+  # The numbers corpus as text files: its three splits and two languages, named the same way.
+  with pytest.raises(DataError, match=r"data.eval_split='dev': numbers/tiny/\S+ has the splits "
+                                      r"train, validation, test;.*=numbers_translate/tiny"):
+    corpora.open_corpus(numbers_tiny(eval_split="dev"))
+  with pytest.raises(DataError, match="data.target_lang='fr': numbers/tiny/.* it has en, de"):
     corpora.open_corpus(numbers_tiny(target_lang="fr"))
+
+
+def test_the_numbers_corpus_is_read_without_tensorflow(tmp_path):
+  """The offline default starts without importing TensorFlow (several seconds)."""
+  code = ("import sys; from configs import numbers; from transformer.data import corpora; "
+          f"c = numbers.get_config('tiny'); c.data_dir = {str(tmp_path)!r}; "
+          "r = corpora.open_corpus(c); assert r.num_examples('train') == 2000; "
+          "r.read_pairs('test'); print(sorted(m for m in sys.modules if m.startswith('tensorf')))")
+  proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                        timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert proc.stdout.strip() == "[]", proc.stdout
 
 
 # --- your own text files ------------------------------------------------------------------------
@@ -294,7 +311,9 @@ def text_args(directory):
 
 
 @pytest.mark.slow
-def test_text_corpus_trains_resumes_after_kill_bitwise_and_translates(tmp_path):
+def test_an_edited_text_file_is_not_read_with_the_old_vocabulary(tmp_path):
+  """configs/text.py end to end; an edited file is other data for the vocabulary. (Exact
+  resume after kill -9 of a text corpus: test_train, whose default corpus is text files.)"""
   corpus = tmp_path / "corpus"
   write_corpus(corpus, 1500)
   straight = str(tmp_path / "straight")
@@ -302,36 +321,6 @@ def test_text_corpus_trains_resumes_after_kill_bitwise_and_translates(tmp_path):
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "Test BLEU" in proc.stdout
 
-  interrupted = str(tmp_path / "interrupted")
-  child = subprocess.Popen(
-    [sys.executable, "-m", "transformer.main", *text_args(corpus), f"--workdir={interrupted}"],
-    cwd=REPO, env=dict(os.environ, XLA_FLAGS=FAST_COMPILE), stdout=subprocess.DEVNULL,
-    stderr=subprocess.DEVNULL,
-  )
-  deadline = time.time() + 600
-  ckpt = os.path.join(interrupted, "checkpoints")
-  while time.time() < deadline and child.poll() is None:
-    done = [d for d in os.listdir(ckpt) if d.isdigit()] if os.path.isdir(ckpt) else []
-    if done and os.path.exists(os.path.join(interrupted, "metrics.jsonl")) and len(
-        read_metrics(interrupted)) >= 5:
-      break
-    time.sleep(0.05)
-  assert child.poll() is None, "the run ended before it could be interrupted"
-  child.send_signal(signal.SIGKILL)
-  child.wait()
-  proc = run_main(*text_args(corpus), f"--workdir={interrupted}")
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  assert "tokenizing" not in proc.stderr  # the token cache of the unchanged files is reused
-  assert_same_run(straight, interrupted, 10)
-
-  out = subprocess.run(
-    [sys.executable, "-m", "transformer.main", *text_args(corpus), f"--workdir={straight}",
-     "--mode=translate"], input="one hundred\nseven\n", cwd=REPO, capture_output=True,
-    text=True, timeout=600, env=dict(os.environ, XLA_FLAGS=FAST_COMPILE))
-  assert out.returncode == 0, out.stderr[-3000:]
-  assert len(out.stdout.splitlines()) == 2
-
-  # An edited file: the vocabulary of the old content is not reused silently.
   with open(corpus / "train.de", "a") as f, open(corpus / "train.en", "a") as g:
     f.write("neu\n")
     g.write("new\n")

@@ -68,7 +68,7 @@ def make_config(**data) -> ml_collections.ConfigDict:
 @pytest.fixture(scope="module")
 def numbers_dir(tmp_path_factory):
   d = str(tmp_path_factory.mktemp("tfds"))
-  nb.build_numbers(d, "tiny")
+  nb.write_corpus(d, "tiny")
   return d
 
 
@@ -86,7 +86,7 @@ def test_words_match_num2words():
 
 
 def test_corpus_is_deterministic(numbers_dir, tmp_path):
-  nb.build_numbers(str(tmp_path), "tiny")
+  nb.write_corpus(str(tmp_path), "tiny")
   for split in ("train", "test"):
     assert nb.load_numbers(split, numbers_dir, "tiny") == nb.load_numbers(
       split, str(tmp_path), "tiny"
@@ -94,18 +94,17 @@ def test_corpus_is_deterministic(numbers_dir, tmp_path):
 
 
 def test_corpus_content_and_disjoint_splits(numbers_dir):
-  cfg = nb.NumbersTranslate.builder_configs["tiny"]
-  sizes = {"train": cfg.train_size, "validation": cfg.validation_size, "test": cfg.test_size}
+  cfg = nb.VARIANTS["tiny"]
   used = {}
-  for split, size in sizes.items():
-    groups = nb.sentence_numbers(split, size, cfg.seed)
+  for split in nb.SPLITS:
+    groups = nb.sentence_numbers(split, cfg.size(split), cfg.seed)
     assert all(1 <= len(g) <= nb.MAX_NUMBERS_PER_SENTENCE for g in groups)
     used[split] = {n for g in groups for n in g}
     expected = [
       (" and then ".join(map(nb.english, g)), " und dann ".join(map(nb.german, g))) for g in groups
     ]
-    # TFDS stores examples in its own order; the content must be the generated sentences.
-    assert sorted(nb.load_numbers(split, numbers_dir, "tiny")) == sorted(expected)
+    assert nb.load_numbers(split, numbers_dir, "tiny") == [
+      expected[i] for i in nb.stored_order(split, len(expected))]
   assert not used["train"] & used["test"]
   assert not used["train"] & used["validation"]
   assert not used["validation"] & used["test"]
@@ -118,15 +117,18 @@ def test_corpus_content_and_disjoint_splits(numbers_dir):
 def test_fast_reader_matches_tfds_reader(numbers_dir):
   import tensorflow_datasets as tfds
 
-  builder = nb.NumbersTranslate(config="tiny", data_dir=numbers_dir)
+  from transformer.data import numbers_tfds
+
+  builder = numbers_tfds.build_numbers(numbers_dir, "tiny")
   slow = [(ex["en"].decode(), ex["de"].decode())
           for ex in tfds.as_numpy(builder.as_dataset(split="train", shuffle_files=False))]
   reader = SplitReader(builder, "en", "de")
   assert reader.read_pairs("train") == slow
   assert sum(len(s) for s, _ in reader.chunks("train", 300)) == reader.num_examples("train")
-  assert SplitReader(builder, "de", "en").read_pairs("test")[:3] == [
-    (d, e) for e, d in nb.load_numbers("test", numbers_dir, "tiny")[:3]
-  ]
+  # Both forms of the corpus hold the same pairs in the same order.
+  for split in nb.SPLITS:
+    assert SplitReader(builder, "de", "en").read_pairs(split) == [
+      (d, e) for e, d in nb.load_numbers(split, numbers_dir, "tiny")]
 
 
 def test_load_splits_numbers_direction(numbers_dir):

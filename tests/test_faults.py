@@ -14,12 +14,9 @@ from tests.test_train import FAST_COMPILE, REPO, TINY, final_params, read_metric
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-  """A finished tiny run (checkpoints at steps 3 and 6) to copy from."""
-  workdir = str(tmp_path_factory.mktemp("trained") / "w")
-  proc = run_main(*TINY, f"--workdir={workdir}")
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  return workdir
+def trained(tiny_trained):
+  """A finished tiny run (checkpoints at steps 3 and 6) to copy from (conftest.tiny_trained)."""
+  return tiny_trained[0]
 
 
 def copy_of(trained, tmp_path):
@@ -226,7 +223,8 @@ def test_second_run_on_a_live_workdir_is_refused_naming_the_owner(tmp_path):
     first.kill()  # like kill -9: its lock stays behind
     first.communicate()
   assert (workdir / ".lock").exists()
-  again = run_main(*TINY, f"--workdir={workdir}")  # a dead owner's lock is taken over
+  # A dead owner's lock is taken over (two steps are enough to see the run go on).
+  again = run_main(*TINY, f"--workdir={workdir}", "--config.num_train_steps=2")
   assert again.returncode == 0, again.stderr[-3000:]
   assert "taking over the lock" in again.stderr
 
@@ -241,6 +239,6 @@ def test_concurrent_starts_on_an_empty_data_dir_build_everything_once(tmp_path):
   outputs = [p.communicate(timeout=600) for p in procs]
   for p, (_, err) in zip(procs, outputs, strict=True):
     assert p.returncode == 0, err[-3000:]
-  assert os.listdir(data_dir / "numbers_translate" / "tiny") == ["1.1.0"]
+  assert os.listdir(data_dir / "numbers" / "tiny") == ["1.1.0"]
   builds = [d for d in os.listdir(cache) if not d.endswith(".lock")]
   assert len(builds) == 1 and builds[0].startswith("train-"), os.listdir(cache)

@@ -85,8 +85,8 @@ def test_parameter_counts_of_the_paper_models(variant, expected_millions):
   assert abs(n / 1e6 - expected_millions) < 1.0, n
 
 
-@pytest.mark.parametrize("scan_layers", [False, True])
-@pytest.mark.parametrize("positional", ["sinusoidal", "learned"])
+# Each positional encoding once, one with the scanned layer stack and one without.
+@pytest.mark.parametrize("positional,scan_layers", [("sinusoidal", False), ("learned", True)])
 def test_cached_decoding_equals_full_forward(scan_layers, positional):
   cfg = dataclasses.replace(TINY, scan_layers=scan_layers, positional=positional)
   rng = np.random.default_rng(2)
@@ -210,8 +210,8 @@ def test_auto_dtype_is_float32_on_cpu_and_bfloat16_on_accelerators(monkeypatch):
   assert cfg.compute_dtype == jnp.bfloat16
 
 
-@pytest.mark.parametrize("remat", ["full", "dots"])
-@pytest.mark.parametrize("scan_layers", [False, True])
+# Each policy once, one with the scanned layer stack and one without.
+@pytest.mark.parametrize("remat,scan_layers", [("full", True), ("dots", False)])
 def test_rematerialisation_changes_no_gradient(remat, scan_layers):
   rng = np.random.default_rng(6)
   src, tgt = _tokens(rng, (2, 6)), _tokens(rng, (2, 5))

@@ -2,10 +2,12 @@
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+import types
 
 import jax
 import numpy as np
@@ -64,11 +66,12 @@ TINY = ["--config=configs/numbers.py:tiny"]
 
 
 @pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
-  workdir = str(tmp_path_factory.mktemp("tiny"))
-  proc = run_main(*TINY, f"--workdir={workdir}")
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  return workdir, proc
+def tiny_run(tiny_trained, tmp_path_factory):
+  """A copy of the session's tiny run (conftest.tiny_trained) and its output."""
+  shared, stdout, stderr = tiny_trained
+  workdir = str(tmp_path_factory.mktemp("tiny") / "w")
+  shutil.copytree(shared, workdir)
+  return workdir, types.SimpleNamespace(stdout=stdout, stderr=stderr)
 
 
 def test_cli_trains_end_to_end(tiny_run):
@@ -166,13 +169,11 @@ def test_wmt_without_data_fails_at_once_with_one_line(tmp_path):
   assert not os.path.exists(f"{tmp_path}/w")  # failed before any work
 
 
+# The command line's contract, on a field of each kind; every field's checks are in-process
+# (test_validate, which mutates them all).
 @pytest.mark.parametrize("override,field", [
   ("--config.model.num_heads=3", "num_heads"),
-  ("--config.model.attention=flash", "model.attention"),
   ("--config.mesh.data=3", "mesh"),
-  ("--config.data.tokens_per_batch=0", "data.tokens_per_batch"),
-  ("--config.data.packed_target_len=1", "data.packed_target_len"),
-  ("--config.optimizer.warmup_steps=-5", "optimizer.warmup_steps"),
   ("--config.optimizer.schedule=linear", "optimizer.schedule"),
 ])
 def test_invalid_config_exits_2_with_one_line_naming_the_field(tmp_path, override, field):

@@ -18,7 +18,7 @@ from configs import text as text_config
 from configs import wmt as wmt_config
 from tests.xla_flags import FAST_COMPILE
 from transformer.errors import ConfigError
-from transformer.validate import FIELDS, METHODS, NUMBERS_VARIANTS, validate
+from transformer.validate import FIELDS, METHODS, validate
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A field whose value is a mapping of its own (language -> path) is one leaf.
@@ -143,10 +143,10 @@ def test_every_config_validates_on_one_and_on_eight_devices(path, arg):
     assert validate(config, devices).vocab_size == config.data.vocab_size
 
 
-def test_the_numbers_variants_are_the_builders():
-  from transformer.data import numbers
+def test_the_numbers_variants_are_the_tfds_builders_configs():
+  from transformer.data import numbers, numbers_tfds
 
-  assert set(NUMBERS_VARIANTS) == set(numbers.NumbersTranslate.builder_configs)
+  assert set(numbers.VARIANTS) == set(numbers_tfds.NumbersTranslate.builder_configs)
 
 
 # The failures seen before every field had its check: JAX errors, a 3.64 TiB numpy array, a

@@ -61,6 +61,15 @@ class Context:
   references: dict[str, list[tuple[str, str]]]
   workdir: str
   config: Any
+  _translators: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False)
+
+  def translator(self, decode: Any) -> Any:
+    """The translator of the `decode` settings, one per distinct settings: evaluators that
+    search alike (validation and test BLEU) share its compiled programs."""
+    key = decode.to_json(sort_keys=True)
+    if key not in self._translators:
+      self._translators[key] = self.make_translator(decode)
+    return self._translators[key]
 
 
 @dataclasses.dataclass
@@ -119,7 +128,7 @@ class TranslationEvaluator:
     for field in ("beam_size", "alpha"):
       if spec.get(field) is not None:
         decode[field] = spec[field]
-    self.translator = context.make_translator(decode)
+    self.translator = context.translator(decode)
 
   @staticmethod
   def names(spec: Any) -> list[str]:

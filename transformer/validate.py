@@ -21,6 +21,7 @@ from transformer import attention as attn_lib
 from transformer import dropout as dropout_lib
 from transformer import evaluators, profiling
 from transformer import sharding as sharding_lib
+from transformer.data import numbers
 from transformer.data.input_pipeline import BUCKET_MULTIPLE
 from transformer.errors import ConfigError, show
 from transformer.model import ACTIVATIONS, DTYPES, POSITIONAL, REMAT_POLICIES, ModelConfig
@@ -33,7 +34,6 @@ from transformer.translate import METHODS
 DATASETS = ("numbers", "wmt14", "text")
 NONFINITE = ("skip", "stop")
 BEST_MODES = ("max", "min")
-NUMBERS_VARIANTS = ("default", "tiny")  # the builder configs of data/numbers.py
 AUTO = "auto"
 
 # Upper limits of sizes: far above any run this code is meant for, so that only a typo or a
@@ -272,7 +272,7 @@ FIELDS: dict[str, Check] = {
   "data.eval_files": _FILES,
   "data.test_files": _FILES,
   "data.heldout_pairs": integer(1, MAX_COUNT, optional=True),
-  "data.numbers_variant": choice(NUMBERS_VARIANTS, optional=True),
+  "data.numbers_variant": choice(tuple(numbers.VARIANTS), optional=True),
   "data.download": flag(optional=True),
   "data.cache_dir": directory("a directory for the token cache"),
   # Vocabulary, lengths and batches.

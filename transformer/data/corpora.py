@@ -1,7 +1,9 @@
 """Which parallel corpus a config names, opened as a reader of (source, target) pairs.
 
 `config.dataset` is one of:
-  * 'numbers': the embedded English-German corpus, generated offline (data/numbers.py);
+  * 'numbers': the embedded English-German corpus, generated offline into text files
+    (data/numbers.py) and read like the user's own; the same corpus as a TFDS dataset is
+    'numbers_translate/<variant>' (data/numbers_tfds.py);
   * 'text': the user's own plain-text files (`data.train_files`, `data.eval_files`,
     `data.test_files`; see data/text_io.py and configs/text.py);
   * a TFDS builder name with its config, e.g. 'wmt14_translate/fr-en', 'wmt19_translate/de-en',
@@ -47,10 +49,11 @@ def tfds_name(dataset: str) -> str:
 def open_corpus(config: Any) -> Reader:
   """The corpus of `config.dataset`, in the direction data.source_lang -> data.target_lang.
 
-  'numbers' generates the embedded corpus into the data dir if it is not there yet (offline;
-  ~20 s for the default 200k pairs, ~1 s for `data.numbers_variant='tiny'`; concurrent
-  processes build it once). A TFDS corpus must be prepared in the data dir (`DataError` at
-  once if not), unless `data.download` allows TFDS to download and prepare it.
+  'numbers' writes the embedded corpus into the data dir if it is not there yet (offline;
+  ~10 s for the default 200k pairs, well under 1 s for `data.numbers_variant='tiny'`;
+  concurrent processes write it once). A TFDS corpus must be prepared in the data dir
+  (`DataError` at once if not), unless `data.download` allows TFDS to download and prepare it;
+  `numbers_translate/<variant>` is prepared offline.
   """
   src, tgt = config.data.source_lang, config.data.target_lang
   if src == tgt:
@@ -62,17 +65,27 @@ def open_corpus(config: Any) -> Reader:
   return _tfds(config, src, tgt)
 
 
-def _numbers(config: Any, src: str, tgt: str) -> SplitReader:
+def _numbers(config: Any, src: str, tgt: str) -> TextReader:
   from transformer.data import numbers
 
   variant = config.data.get("numbers_variant", "default")
-  if variant not in numbers.NumbersTranslate.builder_configs:
-    raise DataError(
-      f"data.numbers_variant must be one of "
-      f"{sorted(numbers.NumbersTranslate.builder_configs)}, got {variant!r}"
-    )
-  builder = numbers.build_numbers(data_dir_of(config), variant)
-  return _reader(builder, builder.info.full_name, data_dir_of(config), config, src, tgt)
+  if variant not in numbers.VARIANTS:
+    raise DataError(f"data.numbers_variant must be one of {sorted(numbers.VARIANTS)}, "
+                    f"got {variant!r}")
+  name = f"numbers/{variant}/{numbers.VERSION}"
+  for field, lang in (("data.source_lang", src), ("data.target_lang", tgt)):
+    if lang not in numbers.LANGUAGES:
+      raise DataError(f"{field}={lang!r}: {name} has no such language; it has "
+                      f"{', '.join(numbers.LANGUAGES)}")
+  for split, field in SPLIT_FIELDS.items():
+    if str(config.data.get(field, split)) != split:
+      raise DataError(f"data.{field}={config.data.get(field)!r}: {name} has the splits "
+                      f"{', '.join(numbers.SPLITS)}; for slices read it through TFDS "
+                      f"(--config.dataset=numbers_translate/{variant})")
+  files = numbers.write_corpus(data_dir_of(config), variant)
+  splits = {split: SplitFiles(files[split][src], files[split][tgt], ("dataset='numbers'",) * 2)
+            for split in SPLIT_FIELDS}
+  return TextReader(splits, src, tgt, corpus=name)
 
 
 def split_files(value: Any, field: str, src: str, tgt: str) -> SplitFiles | None:
@@ -126,6 +139,12 @@ def _tfds(config: Any, src: str, tgt: str) -> SplitReader:
   import_tensorflow()
   name = tfds_name(config.dataset)
   data_dir = data_dir_of(config)
+  if name.split("/")[0].split(":")[0] == "numbers_translate":  # offline: prepared on first use
+    from transformer.data import numbers_tfds
+
+    variant = name.partition("/")[2].split(":")[0] or "default"
+    if variant in numbers_tfds.NumbersTranslate.builder_configs:
+      numbers_tfds.build_numbers(data_dir, variant)
   builder = _builder(name, data_dir)
   # Offline, a download retries for minutes: only try it when the user asks.
   if config.data.get("download", False) and not builder.is_prepared():

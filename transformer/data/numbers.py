@@ -14,8 +14,10 @@ hash (1 in 10 only in test, 1 in 10 only in validation), so test BLEU measures g
 numbers never seen in training. Generation is deterministic (fixed seeds); two builds give
 identical examples.
 
-TFDS resolves a builder's files from its module, so the builder lives here in a package module;
-importing this module registers `numbers_translate` with TFDS.
+`write_corpus` writes the three splits as line-aligned text files (one per language) into the
+data dir, once; `dataset='numbers'` reads them as any corpus of text files is read
+(`text_io.TextReader`), so the offline default needs neither TensorFlow nor TFDS. The same
+corpus as a TFDS dataset (`numbers_translate/<variant>`) is in data/numbers_tfds.py.
 """
 
 from __future__ import annotations
@@ -23,14 +25,20 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import hashlib
 import os
 from collections.abc import Iterator
 
 import numpy as np
-import tensorflow_datasets as tfds
 from num2words import num2words
 
-NAME = "numbers_translate"
+from transformer import storage
+
+# The corpus's version: a change of what `generate` yields is a new version (a new directory,
+# so a data dir never mixes two).
+VERSION = "1.1.0"
+LANGUAGES = ("en", "de")
+SPLITS = ("train", "validation", "test")
 MAX_NUMBER = 999_999
 MAX_NUMBERS_PER_SENTENCE = 4
 EN_JOINER = " and then "
@@ -45,14 +53,25 @@ _VALIDATION_BUCKET = 1
 _SPLIT_IDS = {"train": 0, "validation": 1, "test": 2}
 
 
-@dataclasses.dataclass(eq=False)
-class NumbersConfig(tfds.core.BuilderConfig):
+@dataclasses.dataclass(frozen=True)
+class Variant:
   """Sizes (in sentences) and seed of one variant of the corpus."""
 
   train_size: int = 200_000
   validation_size: int = 1_000
   test_size: int = 1_000
   seed: int = 0
+
+  def size(self, split: str) -> int:
+    return {"train": self.train_size, "validation": self.validation_size,
+            "test": self.test_size}[split]
+
+
+# `data.numbers_variant`: the default corpus, and a small one for tests.
+VARIANTS = {
+  "default": Variant(),
+  "tiny": Variant(train_size=2_000, validation_size=200, test_size=200),
+}
 
 
 def split_of(numbers: np.ndarray) -> np.ndarray:
@@ -146,45 +165,18 @@ def generate(split: str, size: int, seed: int = 0) -> Iterator[tuple[str, str]]:
     yield EN_JOINER.join(map(english, group)), DE_JOINER.join(map(german, group))
 
 
-class NumbersTranslate(tfds.core.GeneratorBasedBuilder):
-  """English-to-German translation of numbers written as words (generated, no download)."""
+def stored_order(split: str, size: int) -> list[int]:
+  """The order in which the files hold `generate`'s pairs: by the MD5 of the split's name and
+  the pair's index, a fixed shuffle, and the order in which TFDS stores the same examples
+  (data/numbers_tfds.py keys them by index), so both forms of the corpus read alike."""
+  salt = hashlib.md5(split.encode(), usedforsecurity=False)
 
-  VERSION = tfds.core.Version("1.1.0")
-  RELEASE_NOTES = {
-    "1.0.0": "Initial release.",
-    "1.1.0": "Numbers below 100 (the atomic words) are always in train.",
-  }
-  BUILDER_CONFIGS = [
-    NumbersConfig(name="default", description="200k train, 1k validation, 1k test."),
-    NumbersConfig(
-      name="tiny",
-      description="For tests: 2k train, 200 validation, 200 test.",
-      train_size=2_000,
-      validation_size=200,
-      test_size=200,
-    ),
-  ]
+  def key(i: int) -> bytes:
+    h = salt.copy()
+    h.update(str(i).encode())
+    return h.digest()
 
-  def _info(self) -> tfds.core.DatasetInfo:
-    return tfds.core.DatasetInfo(
-      builder=self,
-      description=__doc__,
-      features=tfds.features.FeaturesDict({"en": tfds.features.Text(), "de": tfds.features.Text()}),
-      supervised_keys=("en", "de"),
-    )
-
-  def _split_generators(self, dl_manager: tfds.download.DownloadManager):
-    del dl_manager  # Everything is generated locally.
-    cfg = self.builder_config
-    return {
-      "train": self._generate_examples("train", cfg.train_size, cfg.seed),
-      "validation": self._generate_examples("validation", cfg.validation_size, cfg.seed),
-      "test": self._generate_examples("test", cfg.test_size, cfg.seed),
-    }
-
-  def _generate_examples(self, split: str, size: int, seed: int):
-    for i, (en, de) in enumerate(generate(split, size, seed)):
-      yield i, {"en": en, "de": de}
+  return sorted(range(size), key=key)
 
 
 def _expand(data_dir: str | None) -> str:
@@ -192,42 +184,56 @@ def _expand(data_dir: str | None) -> str:
   return d if "://" in d else os.path.expanduser(d)
 
 
-def build_numbers(data_dir: str | None, config_name: str = "default") -> NumbersTranslate:
-  """Generates and writes the corpus into `data_dir` (TFDS layout) unless already there.
+def corpus_dir(data_dir: str | None, variant: str = "default") -> str:
+  """`<data_dir>/numbers/<variant>/<VERSION>`, where `write_corpus` puts the files."""
+  return os.path.join(_expand(data_dir), "numbers", variant, VERSION)
 
-  Needs no network. `data_dir=None` means `~/tensorflow_datasets`. Processes that start
-  together on an empty data dir build it once: the build holds an `flock` on
-  `<data_dir>/numbers_translate.lock`, and whoever gets it second finds the corpus prepared.
+
+def corpus_files(data_dir: str | None, variant: str = "default") -> dict[str, dict[str, str]]:
+  """split -> language -> path of the text files of `write_corpus`."""
+  d = corpus_dir(data_dir, variant)
+  return {split: {lang: os.path.join(d, f"{split}.{lang}") for lang in LANGUAGES}
+          for split in SPLITS}
+
+
+def write_corpus(data_dir: str | None, variant: str = "default") -> dict[str, dict[str, str]]:
+  """Writes the variant's splits as text files into `data_dir`, unless already there.
+
+  Needs no network; `data_dir=None` means `~/tensorflow_datasets` (the data dir TFDS corpora
+  share). The files are complete once `<corpus_dir>/COMPLETE` exists, which is written last, so
+  an interrupted build is redone. Processes that start together on an empty local data dir
+  build it once: the build holds an `flock` on `<data_dir>/numbers.lock`, and whoever gets it
+  second finds the corpus written.
 
   Returns:
-    The builder, prepared.
+    `corpus_files(data_dir, variant)`.
   """
-  from transformer import storage
-  from transformer.data.tfds_io import import_tensorflow
-
-  import_tensorflow()  # Hides GPUs from TensorFlow before TFDS uses it.
-  data_dir = _expand(data_dir)
-  builder = NumbersTranslate(config=config_name, data_dir=data_dir)
-  if builder.is_prepared():
-    return builder
-  lock = (contextlib.nullcontext() if storage.is_remote(data_dir)
-          else storage.local_file_lock(os.path.join(data_dir, f"{NAME}.lock")))
+  if variant not in VARIANTS:
+    raise ValueError(f"no numbers variant {variant!r}; variants: {', '.join(VARIANTS)}")
+  files = corpus_files(data_dir, variant)
+  done = storage.as_path(corpus_dir(data_dir, variant)) / "COMPLETE"
+  if done.exists():
+    return files
+  root = _expand(data_dir)
+  lock = (contextlib.nullcontext() if storage.is_remote(root)
+          else storage.local_file_lock(os.path.join(root, "numbers.lock")))
   with lock:
-    # Whoever held the lock before may have built it: look again, with a fresh builder.
-    builder = NumbersTranslate(config=config_name, data_dir=data_dir)
-    if not builder.is_prepared():
-      # Statistics over text features are slow and unused here.
-      download_config = tfds.download.DownloadConfig(
-        compute_stats=tfds.download.ComputeStatsMode.SKIP, try_download_gcs=False
-      )
-      builder.download_and_prepare(download_config=download_config)
-  return builder
+    if done.exists():  # whoever held the lock before built it
+      return files
+    sizes, seed = VARIANTS[variant], VARIANTS[variant].seed
+    for split in SPLITS:
+      generated = list(generate(split, sizes.size(split), seed))
+      pairs = [generated[i] for i in stored_order(split, len(generated))]
+      for i, lang in enumerate(LANGUAGES):
+        storage.write_atomic(files[split][lang], "".join(p[i] + "\n" for p in pairs))
+    storage.write_atomic(done, VERSION + "\n")
+  return files
 
 
-def load_numbers(
-  split: str, data_dir: str | None, config_name: str = "default"
-) -> list[tuple[str, str]]:
-  """Reads one split as (english, german) pairs in file order, building it first if needed."""
-  from transformer.data.tfds_io import SplitReader
-
-  return SplitReader(build_numbers(data_dir, config_name), "en", "de").read_pairs(split)
+def load_numbers(split: str, data_dir: str | None,
+                 variant: str = "default") -> list[tuple[str, str]]:
+  """One split as (english, german) pairs in file order, written first if needed."""
+  files = write_corpus(data_dir, variant)[split]
+  en, de = (storage.as_path(files[lang]).read_text(encoding="utf-8").splitlines()
+            for lang in LANGUAGES)
+  return list(zip(en, de, strict=True))

@@ -129,11 +129,13 @@ class TextReader:
       is cut from the end of the training files (`heldout` pairs each; see the module doc).
     source_lang, target_lang: language codes, for the name and the cache's metadata.
     heldout: pairs held out of the training files for each missing evaluation split.
+    corpus: the corpus's name, before the direction in `name` (default 'text').
   """
 
   def __init__(self, splits: dict[str, SplitFiles | None], source_lang: str, target_lang: str,
-               heldout: int = 500):
+               heldout: int = 500, corpus: str = "text"):
     self.source_key, self.target_key = source_lang, target_lang
+    self.corpus = corpus
     self._counts: dict[str, int] = {}
     self._scans: dict[str, FileScan] = {}
     train = splits["train"]
@@ -180,8 +182,8 @@ class TextReader:
 
   @property
   def name(self) -> str:
-    """E.g. 'text/en-de'."""
-    return f"text/{self.source_key}-{self.target_key}"
+    """E.g. 'text/en-de', 'numbers/tiny/1.1.0/en-de'."""
+    return f"{self.corpus}/{self.source_key}-{self.target_key}"
 
   def fingerprint(self) -> str:
     """SHA-256 of the direction, the files' contents (size and hash, not paths) and the splits'
