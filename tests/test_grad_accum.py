@@ -81,14 +81,12 @@ def assert_same_training(one, accumulated):
   assert m1[-1]["loss"] != m1[0]["loss"]  # training moved
 
 
+# Each row layout once, each over a mesh (one device is the mesh (1, 1, 1) of the same code).
 @pytest.mark.parametrize("devices,mesh,packed,rows,k", [
-  (1, (1, 1, 1), False, 16, 4),
-  (1, (1, 1, 1), True, 16, 4),
   (8, (2, 2, 2), True, 16, 4),
   # One all-zero row pads 24 rows to 25; micro-batches of 5 rows, uneven over 8 devices.
   (8, (8, 1, 1), False, 24, 5),
-], ids=["1-device-bucketed", "1-device-packed", "data2-fsdp2-tensor2-packed",
-        "data8-bucketed-rows-not-divisible"])
+], ids=["data2-fsdp2-tensor2-packed", "data8-bucketed-rows-not-divisible"])
 def test_accumulated_micro_batches_train_as_one_batch(devices, mesh, packed, rows, k, initial):
   batches = make_batches(rows, packed)
   one = train(make_trainer(config_for(1, mesh), devices), batches, initial)
