@@ -310,25 +310,6 @@ def text_args(directory):
           f"--config.data.train_files.de={directory}/train.de", *TEXT_TINY]
 
 
-@pytest.mark.slow
-def test_an_edited_text_file_is_not_read_with_the_old_vocabulary(tmp_path):
-  """configs/text.py end to end; an edited file is other data for the vocabulary. (Exact
-  resume after kill -9 of a text corpus: test_train, whose default corpus is text files.)"""
-  corpus = tmp_path / "corpus"
-  write_corpus(corpus, 1500)
-  straight = str(tmp_path / "straight")
-  proc = run_main(*text_args(corpus), f"--workdir={straight}")
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  assert "Test BLEU" in proc.stdout
-
-  with open(corpus / "train.de", "a") as f, open(corpus / "train.en", "a") as g:
-    f.write("neu\n")
-    g.write("new\n")
-  proc = run_main(*text_args(corpus), f"--workdir={straight}")
-  assert proc.returncode == 2
-  assert "was trained on other data" in proc.stderr and "Traceback" not in proc.stderr
-
-
 def test_mismatched_text_files_exit_2_with_one_line_before_any_work(tmp_path):
   write_corpus(tmp_path, 50)
   (tmp_path / "short.de").write_text("eins\n")

@@ -358,3 +358,26 @@ def test_translation_pads_to_the_buckets_training_resolved(workdir, restored):
     buckets = json.load(f)
   assert buckets and model.translator.bucket_lengths == buckets
   assert model.translator.pad_length(buckets[0]) == buckets[0]
+
+
+def test_an_edited_training_file_is_not_read_with_the_old_vocabulary(workdir, tmp_path):
+  """Training again on the run's files, one of them edited since: the vocabulary and the token
+  cache of the old content are not reused, one line, exit 2, nothing changed."""
+  copy = tmp_path / "copy"
+  shutil.copytree(workdir, copy)
+  files = workdir_config.load(workdir).data.train_files
+  pairs = list(nb.generate("train", 600))
+  pairs[7] = ("new", "neu")
+  try:
+    for i, lang in enumerate(("en", "de")):
+      with open(files[lang], "w") as f:
+        f.write("".join(p[i] + "\n" for p in pairs))
+    proc = run_main("--config=configs/text.py:en-de,small",
+                    f"--config.data.train_files.en={files.en}",
+                    f"--config.data.train_files.de={files.de}", *TINY, f"--workdir={copy}")
+  finally:
+    for lang in ("en", "de"):
+      os.remove(files[lang])
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  assert "was trained on other data" in one_error_line(proc.stderr)
+  assert not os.path.exists(copy / "cache")
