@@ -22,6 +22,9 @@ from transformer.checkpoint import Checkpointer
 from transformer.errors import ConfigError
 from transformer.validate import validate
 
+# Most tests here run a command or train a model: `-m 'not slow'` leaves the whole file out.
+pytestmark = pytest.mark.slow
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 40
 # A tiny run whose validation loss is evaluated every 2 steps, whose best loss is kept, and
@@ -145,7 +148,6 @@ def test_a_stopped_run_started_again_only_evaluates(stopped):
   assert again["eval/loss"] == first["eval/loss"]
 
 
-@pytest.mark.slow
 def test_early_stopping_survives_kill_9(tmp_path):
   """A run killed with -9 between evaluations stops at the same step with the same best step
   and the same evaluations, bitwise, as an uninterrupted one (both through the command line,

@@ -14,6 +14,9 @@ from tests.xla_flags import FAST_COMPILE
 from transformer import corpus, infer, workdir_config
 from transformer.data import numbers as nb
 
+# Most tests here run a command or train a model: `-m 'not slow'` leaves the whole file out.
+pytestmark = pytest.mark.slow
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 TINY = [

@@ -15,6 +15,9 @@ from configs import numbers, wmt
 from tests.xla_flags import FAST_COMPILE
 from transformer.errors import ConfigError
 
+# Most tests here run a command or train a model: `-m 'not slow'` leaves the whole file out.
+pytestmark = pytest.mark.slow
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 B, S, T, K = 3, 6, 8, 2
 

@@ -22,6 +22,9 @@ from tests.xla_flags import FAST_COMPILE
 from transformer.model_family import param_count
 from transformer.validate import model_config
 
+# Most tests here run a command or train a model: `-m 'not slow'` leaves the whole file out.
+pytestmark = pytest.mark.slow
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # One CPU device per subprocess, and cheap XLA:CPU compiles (the tiny models do not care).
 ENV = {**os.environ, "XLA_FLAGS": FAST_COMPILE, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "2"}

@@ -29,6 +29,9 @@ from transformer.model import ModelConfig  # noqa: E402
 from transformer.model_family import build_model  # noqa: E402
 from transformer.validate import model_config  # noqa: E402
 
+# Most tests here run a command or train a model: `-m 'not slow'` leaves the whole file out.
+pytestmark = pytest.mark.slow
+
 # Enough training that outputs mostly end with their own EOS rather than at the length limit.
 OVERRIDES = ["--config.model.d_model=64", "--config.model.d_ff=128",
              "--config.num_train_steps=300", "--config.optimizer.warmup_steps=50",

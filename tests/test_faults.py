@@ -12,6 +12,9 @@ import pytest
 
 from tests.test_train import FAST_COMPILE, REPO, TINY, final_params, read_metrics, run_main
 
+# Most tests here run a command or train a model: `-m 'not slow'` leaves the whole file out.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def trained(tiny_trained):
@@ -84,7 +87,6 @@ def test_other_vocabulary_size_is_refused(trained, tmp_path):
   assert tree_digest(workdir) == before
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_saves_a_checkpoint_and_the_rerun_continues(tmp_path, sig):
   workdir = str(tmp_path / "w")
@@ -204,7 +206,6 @@ def start_main(*args):
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-@pytest.mark.slow
 def test_second_run_on_a_live_workdir_is_refused_naming_the_owner(tmp_path):
   workdir = tmp_path / "w"
   first = start_main(*TINY, f"--workdir={workdir}", "--config.num_train_steps=100000",
@@ -229,7 +230,6 @@ def test_second_run_on_a_live_workdir_is_refused_naming_the_owner(tmp_path):
   assert "taking over the lock" in again.stderr
 
 
-@pytest.mark.slow
 def test_concurrent_starts_on_an_empty_data_dir_build_everything_once(tmp_path):
   """Two runs started at the same moment: one corpus build, one shared token cache."""
   data_dir, cache = tmp_path / "tfds", tmp_path / "cache"

@@ -16,6 +16,9 @@ from transformer.errors import ConfigError
 from transformer.train_state import loss_sums, make_train_step, split_micro_batches
 from transformer.validate import validate
 
+# Most tests here run a command or train a model: `-m 'not slow'` leaves the whole file out.
+pytestmark = pytest.mark.slow
+
 VOCAB = 256
 SUM_KEYS = ("loss", "nll", "correct", "tokens", "source_tokens")
 

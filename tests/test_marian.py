@@ -30,6 +30,9 @@ from transformer.errors import UserError
 from transformer.model import sinusoidal_positions
 from transformer.model_family import build_model
 
+# Most tests here run a command or train a model: `-m 'not slow'` leaves the whole file out.
+pytestmark = pytest.mark.slow
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURE = os.path.join(REPO, "tests", "fixtures", "marian_tiny")
 with open(os.path.join(FIXTURE, "expected.json")) as _f:
@@ -338,7 +341,6 @@ def test_scanned_layers_import_to_the_same_model(restored):
   np.testing.assert_allclose(np.asarray(scanned), np.asarray(unrolled), atol=1e-5, rtol=0)
 
 
-@pytest.mark.slow
 def test_fine_tuning_continues_the_imported_workdir(workdir, tmp_path):
   """Training with the workdir's own config, on your files in the model's languages, starts
   from the imported step 0 and leaves a workdir that translates."""

@@ -29,6 +29,9 @@ from transformer.train_state import (
 )
 from transformer.validate import validate
 
+# Most tests here run a command or train a model: `-m 'not slow'` leaves the whole file out.
+pytestmark = pytest.mark.slow
+
 
 def config_with(**optimizer):
   """The tiny numbers config on one device with these optimizer fields (values of any type)."""

@@ -6,7 +6,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.test_train import FAST_COMPILE, REPO
+
+# Most tests here run a command or train a model: `-m 'not slow'` leaves the whole file out.
+pytestmark = pytest.mark.slow
 
 
 def run_benchmark(tmp_path, *args):

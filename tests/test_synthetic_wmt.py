@@ -9,6 +9,10 @@ import pytest
 
 from benchmarks import synthetic_wmt as sw
 
+# Most tests here build the synthetic corpus or a TFDS dataset of it: `-m 'not slow'` leaves
+# the whole file out.
+pytestmark = pytest.mark.slow
+
 SIZES = {"train": 2000, "validation": 100, "test": 100}
 
 

@@ -19,6 +19,9 @@ from transformer import checkpoint as checkpoint_lib
 from transformer.schedules import paper_schedule
 from transformer.train_state import cross_entropy, make_train_step
 
+# Most tests here run a command or train a model: `-m 'not slow'` leaves the whole file out.
+pytestmark = pytest.mark.slow
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -98,7 +101,6 @@ def test_rerun_of_a_finished_run_resumes_and_changes_nothing(tiny_run):
   jax.tree.map(np.testing.assert_array_equal, before, after)
 
 
-@pytest.mark.slow
 def test_resume_after_kill_is_bitwise_exact(tmp_path):
   """kill -9 mid-run, restart: the final parameters equal an uninterrupted run's, bitwise.
 
