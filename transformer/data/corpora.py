@@ -50,7 +50,7 @@ def open_corpus(config: Any) -> Reader:
   """The corpus of `config.dataset`, in the direction data.source_lang -> data.target_lang.
 
   'numbers' writes the embedded corpus into the data dir if it is not there yet (offline;
-  ~10 s for the default 200k pairs, well under 1 s for `data.numbers_variant='tiny'`;
+  a few seconds for the default 200k pairs, well under 1 s for `data.numbers_variant='tiny'`;
   concurrent processes write it once). A TFDS corpus must be prepared in the data dir
   (`DataError` at once if not), unless `data.download` allows TFDS to download and prepare it;
   `numbers_translate/<variant>` is prepared offline.
