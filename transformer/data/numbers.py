@@ -179,14 +179,15 @@ def stored_order(split: str, size: int) -> list[int]:
   return sorted(range(size), key=key)
 
 
-def _expand(data_dir: str | None) -> str:
+def expand_data_dir(data_dir: str | None) -> str:
+  """`data_dir` with `~` expanded; None: `~/tensorflow_datasets`. A gs:// path as it is."""
   d = data_dir or "~/tensorflow_datasets"
   return d if "://" in d else os.path.expanduser(d)
 
 
 def corpus_dir(data_dir: str | None, variant: str = "default") -> str:
   """`<data_dir>/numbers/<variant>/<VERSION>`, where `write_corpus` puts the files."""
-  return os.path.join(_expand(data_dir), "numbers", variant, VERSION)
+  return os.path.join(expand_data_dir(data_dir), "numbers", variant, VERSION)
 
 
 def corpus_files(data_dir: str | None, variant: str = "default") -> dict[str, dict[str, str]]:
@@ -214,15 +215,15 @@ def write_corpus(data_dir: str | None, variant: str = "default") -> dict[str, di
   done = storage.as_path(corpus_dir(data_dir, variant)) / "COMPLETE"
   if done.exists():
     return files
-  root = _expand(data_dir)
+  root = expand_data_dir(data_dir)
   lock = (contextlib.nullcontext() if storage.is_remote(root)
           else storage.local_file_lock(os.path.join(root, "numbers.lock")))
   with lock:
     if done.exists():  # whoever held the lock before built it
       return files
-    sizes, seed = VARIANTS[variant], VARIANTS[variant].seed
+    sizes = VARIANTS[variant]
     for split in SPLITS:
-      generated = list(generate(split, sizes.size(split), seed))
+      generated = list(generate(split, sizes.size(split), sizes.seed))
       pairs = [generated[i] for i in stored_order(split, len(generated))]
       for i, lang in enumerate(LANGUAGES):
         storage.write_atomic(files[split][lang], "".join(p[i] + "\n" for p in pairs))

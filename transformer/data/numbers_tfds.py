@@ -64,7 +64,7 @@ def build_numbers(data_dir: str | None, variant: str = "default") -> NumbersTran
   from transformer.data.tfds_io import import_tensorflow
 
   import_tensorflow()  # Hides GPUs from TensorFlow before TFDS uses it.
-  data_dir = os.path.expanduser(data_dir or "~/tensorflow_datasets")
+  data_dir = numbers.expand_data_dir(data_dir)
   builder = NumbersTranslate(config=variant, data_dir=data_dir)
   if builder.is_prepared():
     return builder
