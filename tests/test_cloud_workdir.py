@@ -1,6 +1,6 @@
 """A workdir in a GCS bucket (an offline emulator started by the test): a run is trained, killed
 with -9, resumed as on a new VM and ends with parameters bitwise equal to an uninterrupted local
-run; then translation and checkpoint averaging read the bucket. Nothing is written to a local
+run; then translation reads the bucket. Nothing is written to a local
 directory named `gs:`. (SIGTERM's checkpoint is the same save: test_faults.)"""
 
 import json
@@ -97,16 +97,12 @@ def test_training_in_a_bucket_survives_kill_and_serves_inference(gcs, tmp_path):
   assert f"{prefix}/translations/test_30.txt" in names
 
   assert f"{prefix}/config.json" in names and f"{prefix}/buckets.json" in names
-  # Inference reads the bucket, from the workdir alone; averaging writes to it.
+  # Inference reads the bucket, from the workdir alone.
   tr = subprocess.run([sys.executable, "-m", "transformer.main", f"--workdir={workdir}",
                        "--mode=translate"], input="three hundred\n\nseven\n", cwd=REPO, env=env,
                       capture_output=True, text=True, timeout=600)
   assert tr.returncode == 0, tr.stderr[-3000:]
   assert len(tr.stdout.splitlines()) == 3 and tr.stdout.splitlines()[1] == ""
-  avg = run_main(*TINY, f"--workdir={workdir}", "--mode=average", "--average=2",
-                 env_extra=gcs.env)
-  assert avg.returncode == 0, avg.stderr[-3000:]
-  assert f"{prefix}/translations/average_test_30.txt" in objects(gcs, prefix)
   for d in (REPO, os.getcwd(), str(tmp_path)):
     assert not os.path.exists(os.path.join(d, "gs:")), d
 
