@@ -71,11 +71,11 @@ def test_use_huge_pages_runs_the_command_again_only_when_asked(opt_in):
 
 @pytest.mark.parametrize("opt_in", [False, True])
 def test_the_training_command_runs_with_huge_pages_only_when_asked(tmp_path, opt_in):
-  """`python -m transformer.main` logs its host-memory state; here a run that stops at its data
-  check (no WMT data) is enough to see it."""
+  """`python -m transformer.main` logs its host-memory state before anything else; here a run
+  that stops at the config's check is enough to see it."""
   proc = subprocess.run(
-    [sys.executable, "-m", "transformer.main", "--config=configs/wmt.py:tiny",
-     f"--workdir={tmp_path}/w", f"--config.data_dir={tmp_path}/no_data"],
+    [sys.executable, "-m", "transformer.main", "--config=configs/numbers.py:tiny",
+     f"--workdir={tmp_path}/w", "--config.num_train_steps=-1"],
     cwd=REPO, env=OPTED_IN if opt_in else CHILD_ENV, capture_output=True, text=True,
     timeout=300)
   assert proc.returncode == 2, proc.stderr[-2000:]
