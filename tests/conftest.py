@@ -63,14 +63,9 @@ def pytest_collection_modifyitems(config, items):
   items.sort(key=lambda item: (-slow[item.fspath.strpath], order[item.fspath.strpath]))
 
 
-@pytest.fixture(scope="session")
-def tiny_trained():
-  """A finished run of `configs/numbers.py:tiny` by the main program, trained once for the
-  whole session: the first worker to ask trains it under a lock, the other reuses it.
-
-  Returns (workdir, stdout, stderr). Tests copy the workdir before they change anything in it
-  (`shutil.copytree`); translating from it writes nothing there.
-  """
+def shared_run(name: str, *args: str) -> tuple[str, str, str]:
+  """A run of the main program with `args`, made once for the whole session: the first worker
+  to ask runs it under a lock, the others reuse it. Returns (workdir, stdout, stderr)."""
   import json
   import subprocess
   import sys
@@ -78,18 +73,45 @@ def tiny_trained():
   from tests.xla_flags import FAST_COMPILE
   from transformer import storage
 
-  workdir = os.path.join(_SESSION_DIR, "tiny_trained")
+  workdir = os.path.join(_SESSION_DIR, name)
   record = workdir + ".json"
   with storage.local_file_lock(workdir + ".lock"):
     if not os.path.exists(record):
       proc = subprocess.run(
-        [sys.executable, "-m", "transformer.main", "--config=configs/numbers.py:tiny",
-         f"--workdir={workdir}"], cwd=os.path.dirname(os.path.dirname(__file__)),
+        [sys.executable, "-m", "transformer.main", *args, f"--workdir={workdir}"],
+        cwd=os.path.dirname(os.path.dirname(__file__)),
         env=dict(os.environ, XLA_FLAGS=FAST_COMPILE), capture_output=True, text=True,
         timeout=900)
-      assert proc.returncode == 0, f"the shared tiny run failed:\n{proc.stderr[-3000:]}"
+      assert proc.returncode == 0, f"the shared run {name} failed:\n{proc.stderr[-3000:]}"
       with open(record, "w") as f:
         json.dump({"stdout": proc.stdout, "stderr": proc.stderr}, f)
   with open(record) as f:
     output = json.load(f)
   return workdir, output["stdout"], output["stderr"]
+
+
+@pytest.fixture(scope="session")
+def tiny_trained():
+  """A finished run of `configs/numbers.py:tiny` by the main program, trained once for the
+  whole session (`shared_run`).
+
+  Returns (workdir, stdout, stderr). Tests copy the workdir before they change anything in it
+  (`shutil.copytree`); translating from it writes nothing there.
+  """
+  return shared_run("tiny_trained", "--config=configs/numbers.py:tiny")
+
+
+# The run the kill -9 tests interrupt and resume, locally (tests/test_train.py) and in a GCS
+# bucket (tests/test_cloud_workdir.py): packed rows, each step as 3 micro-batches, a checkpoint
+# every 5 steps and a record every step, so that there is time to kill it between checkpoints.
+RESUMED_RUN = ["--config=configs/numbers.py:tiny", "--config.num_train_steps=30",
+               "--config.checkpoint_every_steps=5", "--config.evals.valid_loss.every_steps=100",
+               "--config.log_every_steps=1", "--config.data.packing=True",
+               "--config.evals.valid_translation.sentences=4", "--config.grad_accum_steps=3"]
+
+
+@pytest.fixture(scope="session")
+def uninterrupted_run():
+  """RESUMED_RUN run through once, uninterrupted (`shared_run`): what a resumed run must equal.
+  Returns (workdir, stdout, stderr)."""
+  return shared_run("uninterrupted_run", *RESUMED_RUN)

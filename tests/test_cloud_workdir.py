@@ -1,7 +1,7 @@
 """A workdir in a GCS bucket (an offline emulator started by the test): a run is trained, killed
 with -9, resumed as on a new VM and ends with parameters bitwise equal to an uninterrupted local
-run; then translation reads the bucket. Nothing is written to a local
-directory named `gs:`. (SIGTERM's checkpoint is the same save: test_faults.)"""
+run; then translation reads the bucket. Nothing is written to a local directory named `gs:`.
+(SIGTERM's checkpoint is the same save: test_faults.)"""
 
 import json
 import os
@@ -16,11 +16,9 @@ import urllib.request
 
 import pytest
 
+from tests.conftest import RESUMED_RUN
 from tests.gcs_emulator import emulator_env
 from tests.test_train import FAST_COMPILE, REPO, TINY, assert_same_run, run_main
-
-OVERRIDES = ["--config.num_train_steps=30", "--config.checkpoint_every_steps=5",
-             "--config.evals.valid_loss.every_steps=100", "--config.log_every_steps=1"]
 
 
 def objects(gcs, prefix):
@@ -64,13 +62,13 @@ def wait_until(condition, proc, what, timeout=300):
 
 
 @pytest.mark.slow
-def test_training_in_a_bucket_survives_kill_and_serves_inference(gcs, tmp_path):
+def test_training_in_a_bucket_survives_kill_and_serves_inference(gcs, uninterrupted_run,
+                                                                   tmp_path):
+  """The run of conftest.RESUMED_RUN (uninterrupted, local: `uninterrupted_run`) in a bucket."""
   env = {**os.environ, **gcs.env, "XLA_FLAGS": FAST_COMPILE}
   workdir, prefix = gcs.path("run"), "run"
-  args = [*TINY, f"--workdir={workdir}", *OVERRIDES]
-  straight = str(tmp_path / "straight")
-  proc = run_main(*TINY, f"--workdir={straight}", *OVERRIDES)
-  assert proc.returncode == 0, proc.stderr[-3000:]
+  args = [*RESUMED_RUN, f"--workdir={workdir}"]
+  straight = uninterrupted_run[0]
 
   # kill -9 once a checkpoint is committed in the bucket and training has gone past it.
   first = start(args, env)

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from configs import numbers as numbers_config
+from tests.conftest import RESUMED_RUN
 from tests.xla_flags import FAST_COMPILE
 from transformer import checkpoint as checkpoint_lib
 from transformer.schedules import paper_schedule
@@ -101,26 +102,20 @@ def test_rerun_of_a_finished_run_resumes_and_changes_nothing(tiny_run):
   jax.tree.map(np.testing.assert_array_equal, before, after)
 
 
-def test_resume_after_kill_is_bitwise_exact(tmp_path):
+def test_resume_after_kill_is_bitwise_exact(uninterrupted_run, tmp_path):
   """kill -9 mid-run, restart: the final parameters equal an uninterrupted run's, bitwise.
 
   With packed batches, whose plan of every step is rebuilt from (seed, step) in the new
-  process (bucketed batches go through the same in tests/test_cloud_workdir.py), each step
-  run as 3 micro-batches (8 rows: two of them padded with empty rows).
+  process, each step run as 3 micro-batches (8 rows: two of them padded with empty rows)
+  (conftest.RESUMED_RUN; bucketed batches: test_best_checkpoint's kill test).
   """
-  overrides = ["--config.num_train_steps=12", "--config.checkpoint_every_steps=4",
-               "--config.evals.valid_loss.every_steps=100", "--config.log_every_steps=1",
-               "--config.data.packing=True", "--config.evals.valid_translation.sentences=4",
-               "--config.grad_accum_steps=3"]
-  straight = str(tmp_path / "straight")
-  proc = run_main(*TINY, f"--workdir={straight}", *overrides)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  assert "batch shapes [(8, 64, 42)]" in proc.stderr
+  straight, _, stderr = uninterrupted_run
+  assert "batch shapes [(8, 64, 42)]" in stderr
 
   interrupted = str(tmp_path / "interrupted")
   env = dict(os.environ, XLA_FLAGS=FAST_COMPILE)
   child = subprocess.Popen(
-    [sys.executable, "-m", "transformer.main", *TINY, f"--workdir={interrupted}", *overrides],
+    [sys.executable, "-m", "transformer.main", *RESUMED_RUN, f"--workdir={interrupted}"],
     cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
   )
   # Kill as soon as a checkpoint has been finalized and training has gone on past it.
@@ -129,18 +124,18 @@ def test_resume_after_kill_is_bitwise_exact(tmp_path):
   while time.time() < deadline and child.poll() is None:
     ckpt = os.path.join(interrupted, "checkpoints")
     done = [d for d in os.listdir(ckpt) if d.isdigit()] if os.path.isdir(ckpt) else []
-    if done and os.path.exists(metrics) and len(read_metrics(interrupted)) >= 6:
+    if done and os.path.exists(metrics) and len(read_metrics(interrupted)) >= 7:
       break
     time.sleep(0.05)
   assert child.poll() is None, "the run ended before it could be interrupted"
   child.send_signal(signal.SIGKILL)
   child.wait()
   records = read_metrics(interrupted)
-  assert max(r["step"] for r in records) < 12
+  assert max(r["step"] for r in records) < 30
 
-  proc = run_main(*TINY, f"--workdir={interrupted}", *overrides)
+  proc = run_main(*RESUMED_RUN, f"--workdir={interrupted}")
   assert proc.returncode == 0, proc.stderr[-3000:]
-  assert_same_run(straight, interrupted, 12)  # the metrics read as one run too
+  assert_same_run(straight, interrupted, 30)  # the metrics read as one run too
 
 
 def test_mock_wmt_runs_offline(tmp_path):
