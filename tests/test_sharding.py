@@ -193,7 +193,9 @@ def test_two_processes_match_one_process(tiny_trained, tmp_path):
   procs = [
     _run_cli(workdir, [f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
                        f"--process_id={i}", "--config.evals.valid_loss.every_steps=100",
-                       "--config.average_last_checkpoints=0"], 2)
+                       "--config.average_last_checkpoints=0",
+                       "--config.evals.valid_translation.sentences=4",
+                       "--config.evals.test_translation.sentences=4"], 2)
     for i in range(2)
   ]
   outputs = [p.communicate(timeout=600) for p in procs]
