@@ -67,21 +67,15 @@ def shared_run(name: str, *args: str) -> tuple[str, str, str]:
   """A run of the main program with `args`, made once for the whole session: the first worker
   to ask runs it under a lock, the others reuse it. Returns (workdir, stdout, stderr)."""
   import json
-  import subprocess
-  import sys
 
-  from tests.xla_flags import FAST_COMPILE
+  from tests.test_train import run_main
   from transformer import storage
 
   workdir = os.path.join(_SESSION_DIR, name)
   record = workdir + ".json"
   with storage.local_file_lock(workdir + ".lock"):
     if not os.path.exists(record):
-      proc = subprocess.run(
-        [sys.executable, "-m", "transformer.main", *args, f"--workdir={workdir}"],
-        cwd=os.path.dirname(os.path.dirname(__file__)),
-        env=dict(os.environ, XLA_FLAGS=FAST_COMPILE), capture_output=True, text=True,
-        timeout=900)
+      proc = run_main(*args, f"--workdir={workdir}", timeout=900)
       assert proc.returncode == 0, f"the shared run {name} failed:\n{proc.stderr[-3000:]}"
       with open(record, "w") as f:
         json.dump({"stdout": proc.stdout, "stderr": proc.stderr}, f)
