@@ -26,7 +26,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from experiments import measure, report, step_cost
+from measuring import measure, report, step_cost
 from transformer.errors import UserError, fail, flags_parser
 
 
@@ -49,7 +49,7 @@ def memory_by_k(config: Any, rows: int, length: int, ks: list[int]) -> list[dict
   [rows, length] on both sides, on one device, compiled only."""
   import jax
 
-  from transformer.validate import validate
+  from transformer.training.validate import validate
 
   measure.check_at_least((("--rows", rows, 1), ("--length", length, 2)))
   check_ks("--memory_k", ks)
@@ -96,8 +96,8 @@ def time_by_k(config: Any, ks: list[int], rounds: int,
   import numpy as np
 
   from transformer import sharding as sharding_lib
-  from transformer.train import Trainer
-  from transformer.validate import validate
+  from transformer.training.trainer import Trainer
+  from transformer.training.validate import validate
 
   measure.check_at_least((("--rounds", rounds, 1), ("--steps_per_round", steps_per_round, 1)))
   check_ks("--time_k", ks)

@@ -36,8 +36,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from experiments import measure
-from experiments import report as report_lib  # `report` is this module's report
+from measuring import measure
+from measuring import report as report_lib  # `report` is this module's report
 from transformer.errors import fail, flags_parser
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -136,7 +136,7 @@ def profile_section(shape: str, profile: dict[str, Any]) -> str:
      for o in profile["top_ops"]], align="lllrrll")
   return (f"### Where our step's time goes: `{shape}`\n\n{profile['steps']} steps under "
           f"`jax.profiler`; {1e3 * profile['op_seconds_per_step']:.0f} ms of op time per step, "
-          "summed over the threads that ran each op (`experiments/step_cost.py`, "
+          "summed over the threads that ran each op (`measuring/step_cost.py`, "
           "`op_profile`).\n\n" + parts + "\n" + top)
 
 

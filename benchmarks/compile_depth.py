@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from experiments import measure, report
+from measuring import measure, report
 from transformer.errors import fail, flags_parser
 
 BASE_FLAGS = ["--config=configs/wmt.py:base", "--config.model.dtype=float32",

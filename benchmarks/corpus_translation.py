@@ -3,7 +3,7 @@
 What a user would otherwise do with a trained workdir is export it (`--mode=export
 --format=ctranslate2`) and run CTranslate2's `translate_file` over the corpus. Both translate
 the same file of `--lines` sentences into a file, in one process, alternating round by round
-(best of `--rounds`), at beam 4 and greedy: ours through `corpus.translate_corpus` (reading in
+(best of `--rounds`), at beam 4 and greedy: ours through `files.translate_corpus` (reading in
 chunks, tokenizing, sorting, batching over the mesh, writing), CTranslate2 with the same
 SentencePiece model, `decode.batch_size` sentences per batch, float32 and the same threads.
 The first run of ours (compiling one program per padded length) is reported apart. The
@@ -23,7 +23,9 @@ import tempfile
 import time
 from typing import Any
 
-from transformer import corpus, infer, workdir_config
+from transformer import infer
+from transformer import workdir as workdir_lib
+from transformer.decoding import files
 from transformer.errors import UserError
 
 SEARCHES = {"beam 4": {"method": "beam", "beam_size": 4}, "greedy": {"method": "greedy"}}
@@ -38,11 +40,11 @@ def write_numbers_input(path: str, lines: int) -> None:
 
 
 def ours(model: Any, config: Any, input_path: str, output_path: str) -> float:
-  """Seconds to translate `input_path` into `output_path` with `corpus.translate_corpus`."""
+  """Seconds to translate `input_path` into `output_path` with `files.translate_corpus`."""
   if os.path.exists(output_path):
     os.remove(output_path)
   start = time.perf_counter()
-  corpus.translate_corpus(corpus.CorpusRun(model, input_path, output_path, {"run": "bench"}),
+  files.translate_corpus(files.CorpusRun(model, input_path, output_path, {"run": "bench"}),
                           config, 1, "text")
   return time.perf_counter() - start
 
@@ -77,19 +79,19 @@ def run_benchmark(workdir: str, input_path: str | None, lines: int, rounds: int,
                   threads: int, searches: dict[str, dict[str, Any]] = SEARCHES
                   ) -> dict[str, Any]:
   """Times both over the same file per search; returns the record for the report."""
-  from transformer import export
+  from transformer.interop import export
 
-  if workdir_config.load(workdir) is None:
+  if workdir_lib.load(workdir) is None:
     raise UserError(f"--workdir={workdir}: no config.json; train it first")
   scratch = tempfile.mkdtemp(prefix="corpus-bench-")
   if input_path is None:
     input_path = os.path.join(scratch, "input.txt")
     write_numbers_input(input_path, lines)
-  count = corpus.count_lines(input_path)
+  count = files.count_lines(input_path)
   record: dict[str, Any] = {"lines": count, "rounds": rounds, "threads": threads, "rows": []}
   exported = None
   for name, fields in searches.items():
-    config = workdir_config.load(workdir)
+    config = workdir_lib.load(workdir)
     with config.unlocked():
       for k, v in fields.items():
         config.decode[k] = v
@@ -133,7 +135,7 @@ def report_lines(record: dict[str, Any]) -> list[str]:
 if __name__ == "__main__":
   from absl import app, flags
 
-  from experiments import report
+  from measuring import report
   from transformer.errors import fail, flags_parser
 
   _WORKDIR = flags.DEFINE_string("workdir", "runs/numbers", "A trained workdir.")

@@ -14,7 +14,7 @@ command and the machine.
 [2, vocab), EOS last, no padding), every decoder producing exactly `out_len` tokens per
 sentence, so that all run the same number of steps:
 
-  - ours greedy / beam: `transformer.translate.decode_tokens` (encode once, then
+  - ours greedy / beam: `transformer.decoding.translate.decode_tokens` (encode once, then
     `greedy_decode` or `beam_search` over the model's KV cache, one token per step), with
     `suppress_end` as its logits filter: EOS and padding are -inf before the last step, and
     the decoders force the EOS there;
@@ -22,7 +22,7 @@ sentence, so that all run the same number of steps:
     decoder (`decode_logits`) on the fixed-length [b, out_len] input of the tokens so far and
     takes position t's logits; its tokens must equal ours greedy (`same_tokens`);
   - with `peer='ctranslate2'`: CTranslate2 float32 and int8 (quantized at load) greedy and beam
-    search on the same weights, exported by `transformer.export`, given each source's tokens
+    search on the same weights, exported by `transformer.interop.export`, given each source's tokens
     without its EOS (the exported config appends it, as for any CTranslate2 user); the end
     token is forbidden before `out_len` tokens and decoding stops there. Its length penalty
     is length ** alpha, not the GNMT form: with every hypothesis of one length it changes no
@@ -52,12 +52,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments import measure, report, step_cost
+from measuring import measure, report, step_cost
 from transformer.data.tokenizer import EOS_ID, PAD_ID
+from transformer.decoding.translate import decode_tokens
 from transformer.errors import ConfigError, UserError, fail, flags_parser
-from transformer.model import ModelConfig
-from transformer.model_family import build_model, count_params
-from transformer.translate import decode_tokens
+from transformer.nn.model import ModelConfig
+from transformer.nn.model_family import build_model, count_params
 
 Array = jax.Array
 
@@ -204,8 +204,8 @@ def run_benchmark(
   `profiles` holds their `step_cost.op_profile` per output token (`DECODE_CATEGORIES`). Raises
   ConfigError for a config or shape the benchmark cannot run.
   """
-  from transformer import export
-  from transformer.validate import model_config
+  from transformer.interop import export
+  from transformer.training.validate import model_config
 
   mc = model_config(config)
   check_args(mc, batch_sizes, src_len, out_len, beam_size, repeats, warmup, peer)
@@ -412,7 +412,7 @@ def report_parts(record: dict[str, Any]) -> dict[str, Any]:
   r = record
   compared = (f"CTranslate2 {r['ctranslate2']} (float32, and int8 with weights quantized at "
               f"load, on {r['ct2_threads']} thread(s)) on the same weights, exported with "
-              "`transformer.export`" if r["peer"] else
+              "`transformer.interop.export`" if r["peer"] else
               "the uncached greedy decoder, which re-runs the whole decoder at every step")
   setting = (
     f"Random parameters of `{r['config']}` ({r['layers']} + {r['layers']} layers, d_model "

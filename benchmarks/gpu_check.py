@@ -49,7 +49,7 @@ SMOKE = {"config": ["--config=configs/wmt.py:tiny", "--config.model.vocab_size=6
 
 def run_json(module: str, args: list[str], timeout: float) -> dict[str, Any]:
   """The last JSON line printed by `python -m module args`, or {'error': why}."""
-  from experiments import measure
+  from measuring import measure
 
   try:
     return measure.run_json([sys.executable, "-m", module, *args], timeout)
@@ -60,7 +60,7 @@ def run_json(module: str, args: list[str], timeout: float) -> dict[str, Any]:
 def check(shapes: dict[str, list[str]], out: str, timeout: float) -> str:
   """Every measurement of `shapes` (FULL or SMOKE) in its child process; writes the device
   kind's section of `out`.md and .json and returns the markdown's path."""
-  from experiments import report
+  from measuring import report
 
   command = report.command_line()
   train = []
@@ -86,7 +86,7 @@ def report_parts(kind: str, train: list[dict[str, Any]], decode: dict[str, Any]
                  ) -> dict[str, Any]:
   """`report.write`'s title, intro, body and record of the measurements on a `kind` device."""
   from benchmarks import decode as decode_benchmark
-  from experiments import report
+  from measuring import report
 
   peak = peak_of(kind)
   rows = []

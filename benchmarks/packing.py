@@ -31,7 +31,7 @@ import os
 import time
 from typing import Any
 
-from experiments import measure, report
+from measuring import measure, report
 from transformer.errors import UserError, fail, flags_parser
 
 LAYOUTS = ("bucketed", "packed")
@@ -69,8 +69,8 @@ class _Stepper:
     import numpy as np
 
     from transformer import sharding as sharding_lib
-    from transformer.train import Trainer
-    from transformer.validate import validate
+    from transformer.training.trainer import Trainer
+    from transformer.training.validate import validate
 
     mesh = sharding_lib.make_mesh(config.mesh)
     self.trainer = Trainer(config, mesh, validate(config, jax.device_count()))
@@ -130,17 +130,17 @@ def compare_layouts(config: Any, workdir: str, batches: int, timed_steps: int,
   or config, missing data) before any work."""
   import jax
 
-  from transformer.validate import validate
+  from transformer.training.validate import validate
 
   measure.check_at_least((("--batches", batches, 1), ("--timed_steps", timed_steps, 0),
                           ("--timed_tokens_per_batch", timed_tokens_per_batch, 0)))
   configs = {k: layout_config(config, k) for k in LAYOUTS}
   for cfg in configs.values():  # both layouts, before any work
     validate(cfg, jax.device_count())
-  from transformer.data import input_pipeline, token_cache
+  from transformer.data import input_pipeline, token_cache, vocabulary
 
   reader = input_pipeline.open_reader(config)
-  tok = input_pipeline.get_tokenizer(config, workdir, reader)
+  tok = vocabulary.get_tokenizer(config, workdir, reader)
   split = token_cache.load_or_build(reader, "train", tok, token_cache.cache_root(config, workdir))
   out: dict[str, Any] = {"train_examples": len(split)}
   trains = {}

@@ -39,7 +39,7 @@ import tempfile
 import time
 from typing import Any
 
-from experiments import measure, report
+from measuring import measure, report
 from transformer import hardware
 from transformer.errors import fail, flags_parser
 
@@ -62,10 +62,10 @@ def one_start(config: Any, workdir: str, batches: int, compile_threads: int = 0)
 
   from transformer import compilation, storage
   from transformer import sharding as sharding_lib
-  from transformer.data import input_pipeline, token_cache
-  from transformer.prefetch import Prefetcher
-  from transformer.train import Trainer, eval_shapes, shape_key
-  from transformer.validate import validate
+  from transformer.data import bucketing, input_pipeline, token_cache, vocabulary
+  from transformer.data.prefetch import Prefetcher
+  from transformer.training.trainer import Trainer, eval_shapes, shape_key
+  from transformer.training.validate import validate
 
   rss = measure.PeakRSS()
   stages: list[dict[str, Any]] = []
@@ -83,7 +83,7 @@ def one_start(config: Any, workdir: str, batches: int, compile_threads: int = 0)
   reader = input_pipeline.open_reader(config)
   storage.check_writable(workdir)
   stage("open")
-  tok = input_pipeline.get_tokenizer(config, workdir, reader)
+  tok = vocabulary.get_tokenizer(config, workdir, reader)
   stage("vocabulary")
   split = token_cache.load_or_build(reader, "train", tok, token_cache.cache_root(config, workdir))
   stage("token cache")
@@ -92,7 +92,7 @@ def one_start(config: Any, workdir: str, batches: int, compile_threads: int = 0)
                     if os.path.isfile(os.path.join(cache_dir, f)))
   mesh = sharding_lib.make_mesh(config.mesh)
   # As `input_pipeline.build_pipeline` does.
-  buckets = input_pipeline.resolve_buckets(config, split)
+  buckets = bucketing.resolve_buckets(config, split)
   train = input_pipeline.train_batches(split, config, buckets=buckets,
                                        batch_multiple=sharding_lib.data_parallel_size(mesh))
   train.batch(0)  # draws the first epoch's plan

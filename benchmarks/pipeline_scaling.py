@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from experiments import report
+from measuring import report
 from transformer.errors import fail, flags_parser
 
 # A measured quantity "does not grow" when the largest corpus's value is within this factor of

@@ -49,7 +49,7 @@ import sys
 import time
 from typing import Any
 
-from experiments import measure, report
+from measuring import measure, report
 from transformer.errors import UserError, fail, flags_parser
 
 CORPORA = ("numbers", "messages")
@@ -269,7 +269,7 @@ def plan_runs(configs: dict[str, tuple[str, Any, dict[str, str]]], steps: int, r
   overrides applied) and those overrides (`config_args`). Raises UserError; writes nothing."""
   import jax
 
-  from transformer.validate import validate
+  from transformer.training.validate import validate
 
   measure.check_at_least((("--log_every", log_every, 1), ("--steps", steps, 2 * log_every),
                           ("--rounds", rounds, 1)))

@@ -21,7 +21,7 @@ import json
 import os
 from typing import Any
 
-from experiments import measure, report, step_cost
+from measuring import measure, report, step_cost
 from transformer import hardware
 from transformer.errors import UserError, fail, flags_parser
 
@@ -42,7 +42,7 @@ def run_benchmark(config: Any, batch_size: int, src_len: int, tgt_len: int, step
 
   from transformer import sharding as sharding_lib
   from transformer.errors import ConfigError
-  from transformer.validate import validate
+  from transformer.training.validate import validate
 
   measure.check_at_least((("--batch_size", batch_size, 1), ("--src_len", src_len, 1),
                           ("--tgt_len", tgt_len, 1), ("--steps", steps, 0),

@@ -4,8 +4,8 @@ import dataclasses
 
 from ml_collections import config_dict
 
-from transformer import evaluators
-from transformer.model import ModelConfig
+from transformer.nn.model import ModelConfig
+from transformer.training import evaluators
 
 
 def base_config() -> config_dict.ConfigDict:
@@ -30,7 +30,7 @@ def base_config() -> config_dict.ConfigDict:
   config.data.max_target_len = 64
   config.data.tokens_per_batch = 4096  # global, per side
   # Length buckets of unpacked batches (and of evaluation and decoding): a list, or 'auto' for
-  # lengths derived from the training split (input_pipeline.derive_buckets). Any type, so that
+  # lengths derived from the training split (bucketing.derive_buckets). Any type, so that
   # either can be given on the command line.
   config.data.bucket_lengths = config_dict.FieldReference([16, 32, 64], field_type=object)
   config.data.eval_batch_size = 256  # global
@@ -87,7 +87,7 @@ def base_config() -> config_dict.ConfigDict:
 
   config.num_train_steps = 1000
   config.log_every_steps = 50
-  # What is measured (transformer/evaluators.py): each entry one evaluator, run every
+  # What is measured (transformer/training/evaluators.py): each entry one evaluator, run every
   # `every_steps` steps by the loop (0: only in the final evaluation, which runs them all).
   # Metrics are PREFIX/NAME: eval/loss, eval/perplexity, eval/bleu, test/bleu, ...
   # valid_loss (eval/loss, eval/perplexity, ...) every 500 steps; valid_translation and
@@ -96,7 +96,7 @@ def base_config() -> config_dict.ConfigDict:
   config.checkpoint_every_steps = 500
   config.keep_checkpoints = 3
   config.average_last_checkpoints = 0  # 0 or 1: final evaluation uses the newest checkpoint
-  # The best checkpoint (transformer/best_checkpoint.py): a metric of a periodic evaluator,
+  # The best checkpoint (transformer/training/best_checkpoint.py): a metric of a periodic evaluator,
   # e.g. 'eval/bleu' ('max') or 'eval/loss' ('min'); its best step is kept in <workdir>/best,
   # apart from the newest keep_checkpoints, and the final evaluation uses it. '': none.
   config.best_checkpoint = config_dict.ConfigDict()
@@ -107,8 +107,8 @@ def base_config() -> config_dict.ConfigDict:
   config.early_stopping = config_dict.ConfigDict()
   config.early_stopping.patience = 0
   config.early_stopping.min_delta = 0.0
-  # Fine-tuning (transformer/finetune.py): start from another workdir's parameters (its best
-  # checkpoint, else its newest; local or gs://, or an imported model's workdir) and its
+  # Fine-tuning (transformer/training/finetune.py): start from another workdir's parameters
+  # (its best checkpoint, else its newest; local or gs://, or an imported model's workdir) and its
   # vocabulary, with a fresh optimizer at step 0 and this config's schedule; '': from scratch.
   config.init_from = ""
   config.init_from_optimizer = False  # also take the source's Adam moments

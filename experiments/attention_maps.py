@@ -28,7 +28,7 @@ def attention_maps(config: Any, workdir: str, sentence: str, out: str) -> dict[s
 
   from experiments.attention_weights import capture_attention, maps, plot, token_labels
   from transformer import infer
-  from transformer.model_family import build_model
+  from transformer.nn.model_family import build_model
 
   model = infer.restore(config, workdir)
   tokenizer, translator, params, label = (model.tokenizer, model.translator, model.params,
@@ -51,7 +51,7 @@ def attention_maps(config: Any, workdir: str, sentence: str, out: str) -> dict[s
   result = {"translation": translation, "checkpoint": label, "maps": len(attn), "path": out,
             "heads": int(attn[0]["weights"].shape[0]), "sentence": sentence, "workdir": workdir,
             "source_pieces": src_labels, "output_pieces": token_labels(tokenizer, tgt)}
-  from experiments import report
+  from measuring import report
 
   result["markdown"] = report.write(os.path.splitext(out)[0], command=report.command_line(),
                                     **report_parts(result, config))[0]

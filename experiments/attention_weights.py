@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from experiments import report
+from measuring import report
 
 KINDS = ("encoder self-attention", "decoder self-attention", "encoder-decoder attention")
 
@@ -37,7 +37,7 @@ def capture_attention(model: Any, params: Any, inputs: Any, targets: Any) -> lis
   import flax.linen as nn
   import jax
 
-  from transformer.model import MultiHeadAttention
+  from transformer.nn.model import MultiHeadAttention
 
   if getattr(getattr(model, "config", None), "scan_layers", False):
     raise ValueError("attention maps need unscanned layers: set model.scan_layers=False")
@@ -79,7 +79,7 @@ def attention_weights(record: dict[str, Any], xp: Any = np, dtype: Any = np.floa
 
   `xp` is the array module (NumPy by default; jax.numpy works too) and `dtype` the precision.
   Masked positions get weight 0 and a row with nothing to attend to is all zeros, as in
-  transformer.attention.
+  transformer.nn.attention.
   """
   p = record["params"]
   xq = xp.asarray(record["inputs_q"], dtype)

@@ -5,7 +5,7 @@
         --batch_size=8 --long_range.d_model=256 --long_range.max_distance=2000 \
         --long_range.steps=2000                               # accelerators
 
-The Transformer and the LSTM baseline (`model.kind='lstm'`, transformer/rnn.py) always have
+The Transformer and the LSTM baseline (`model.kind='lstm'`, transformer/nn/rnn.py) always have
 the same number of parameters (`model_family.lstm_config_for_params`) and get the same
 training budget (the same batches, steps and optimiser recipe).
 
@@ -32,7 +32,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from experiments import long_range, measure, report, step_cost
+from experiments import long_range
+from measuring import measure, report, step_cost
 from transformer.errors import fail, flags_parser
 
 

@@ -94,7 +94,7 @@ def domain_config(general: Any, files: dict[str, dict[str, str]], steps: int,
 
 
 def scores_of(model: Any, pairs: list[tuple[str, str]]) -> dict[str, float]:
-  from transformer import bleu
+  from transformer.decoding import bleu
 
   tok = model.tokenizer
   hyps = [tok.decode(ids) for ids in
@@ -105,11 +105,12 @@ def scores_of(model: Any, pairs: list[tuple[str, str]]) -> dict[str, float]:
 
 def run(general_workdir: str, out_dir: str, train_pairs: int, heldout: int, steps: int,
         warmup: int) -> dict[str, Any]:
-  from transformer import infer, workdir_config
+  from transformer import infer
+  from transformer import workdir as workdir_lib
   from transformer.data import numbers as nb
-  from transformer.train import train_and_evaluate
+  from transformer.training.train import train_and_evaluate
 
-  general = workdir_config.load(general_workdir)
+  general = workdir_lib.load(general_workdir)
   if general is None:
     raise UserError(f"--general={general_workdir}: no config.json; train it first")
   if os.path.exists(out_dir):
@@ -160,7 +161,7 @@ def report_lines(record: dict[str, Any]) -> list[str]:
 if __name__ == "__main__":
   from absl import app, flags
 
-  from experiments import report
+  from measuring import report
   from transformer.errors import fail, flags_parser
 
   _GENERAL = flags.DEFINE_string("general", "runs/numbers",

@@ -4,7 +4,7 @@
     python -m experiments.heads --sweep=configs/sweeps/heads.py:wmt   # WMT14 base, GPUs/TPUs
 
 The points come from `configs/sweeps/heads.py` (h in {1, 2, 4, 8, 16, 32} at fixed d_model,
-d_k = d_v = d_model / h, three seeds) and run with the sweep runner (experiments/sweeps.py: the
+d_k = d_v = d_model / h, three seeds) and run with the sweep runner (experiments/sweep.py: the
 flags of experiments/sweep.py, resuming, `--parallel`).
 
 The report, `experiments/results/heads.md` (with `.json` and `.png`), gives per h the mean and
@@ -19,8 +19,8 @@ import os
 import statistics
 from typing import Any
 
-from experiments import report as report_lib  # `report` is this module's report
-from experiments import sweeps
+from experiments import sweep as sweep_lib
+from measuring import report as report_lib  # `report` is this module's report
 from transformer.errors import flags_parser
 
 # Vaswani et al. (2017), "Attention Is All You Need", Table 3, rows (A) and base:
@@ -79,7 +79,7 @@ def summarize_by_heads(rows: list[SweepRow], d_model: int) -> list[dict[str, Any
   return out
 
 
-def report_parts(sweep: sweeps.Sweep, rows: list[SweepRow], png_path: str) -> dict[str, Any]:
+def report_parts(sweep: sweep_lib.Sweep, rows: list[SweepRow], png_path: str) -> dict[str, Any]:
   """The report of the sweep's rows (`report.write`'s title, intro, body and record); draws
   its figure into `png_path`."""
   cfg = sweep.config
@@ -171,6 +171,6 @@ if __name__ == "__main__":
   from absl import app
 
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-  FLAGS = sweeps.define_flags(default_sweep="configs/sweeps/heads.py")
-  app.run(lambda argv: sweeps.main(argv, FLAGS, report=report_parts),
+  FLAGS = sweep_lib.define_flags(default_sweep="configs/sweeps/heads.py")
+  app.run(lambda argv: sweep_lib.main(argv, FLAGS, report=report_parts),
           flags_parser=flags_parser())

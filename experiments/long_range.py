@@ -14,14 +14,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from experiments import measure, report, tasks
-from transformer.model_family import count_params
+from experiments import tasks
+from measuring import measure, report
+from transformer.nn.model_family import count_params
 
 
 def model_configs(s: Any) -> list[tuple[Any, Any]]:
   """[(config, ModelConfig)] of the Transformer and its equal-size LSTM for settings `s`."""
   from configs import numbers
-  from transformer.validate import model_config
+  from transformer.training.validate import model_config
 
   config = numbers.get_config()
   config.data.vocab_size = tasks.vocab_size(s.num_keys)
@@ -43,8 +44,8 @@ def train_and_test(config: Any, mc: Any, s: Any, distribution: str,
   import numpy as np
 
   from transformer import sharding as sharding_lib
-  from transformer.model_family import build_model
-  from transformer.train import Trainer
+  from transformer.nn.model_family import build_model
+  from transformer.training.trainer import Trainer
 
   mesh = sharding_lib.make_mesh(config.mesh, devices=jax.devices()[:1])
   trainer = Trainer(config, mesh, mc)

@@ -2,7 +2,7 @@
 
 `--pairs` pairs of the numbers corpus's test split, `--noise` of them misaligned (each given
 the target of another pair, the commonest noise of crawled corpora), are scored by
-`--mode=score`'s own code (`corpus.score_corpus`, into a JSON-lines file). Ranked by
+`--mode=score`'s own code (`files.score_corpus`, into a JSON-lines file). Ranked by
 perplexity (the per-token score) and by log probability (the sum), how many of the misaligned
 pairs are among the lowest-scoring ones, as many as there are misaligned ones (precision =
 recall at that cut)?
@@ -18,7 +18,9 @@ import random
 import tempfile
 from typing import Any
 
-from transformer import corpus, infer, workdir_config
+from transformer import infer
+from transformer import workdir as workdir_lib
+from transformer.decoding import files
 from transformer.errors import UserError
 
 
@@ -44,7 +46,7 @@ def caught(scores: list[float], noisy: set[int]) -> int:
 def run(workdir: str, num_pairs: int, noise: float, seed: int) -> dict[str, Any]:
   from transformer.data import numbers as nb
 
-  config = workdir_config.load(workdir)
+  config = workdir_lib.load(workdir)
   if config is None:
     raise UserError(f"--workdir={workdir}: no config.json; train it first")
   pairs, noisy = noisy_corpus(list(nb.generate("test", num_pairs)), noise, seed)
@@ -53,8 +55,8 @@ def run(workdir: str, num_pairs: int, noise: float, seed: int) -> dict[str, Any]
   with open(tsv, "w") as f:
     f.writelines(f"{s}\t{t}\n" for s, t in pairs)
   model = infer.restore(config, workdir)
-  corpus.score_corpus(corpus.CorpusRun(model, tsv, out, {"run": "noisy_pairs"}), config,
-                      corpus.check_score_input(tsv))
+  files.score_corpus(files.CorpusRun(model, tsv, out, {"run": "noisy_pairs"}), config,
+                      files.check_score_input(tsv))
   with open(out) as f:
     scored = [json.loads(line) for line in f]
   by_perplexity = [-s["perplexity"] for s in scored]
@@ -86,7 +88,7 @@ def report_lines(record: dict[str, Any]) -> list[str]:
 if __name__ == "__main__":
   from absl import app, flags
 
-  from experiments import report
+  from measuring import report
   from transformer.errors import fail, flags_parser
 
   _WORKDIR = flags.DEFINE_string("workdir", "runs/numbers", "A trained workdir.")

@@ -10,7 +10,7 @@ equal-size LSTMs (with and without attention): XLA memory, sequential loop itera
 time, and growth exponents over all n and over n >= `--fit_from`.
 
 (b) quality: the sweep `configs/sweeps/seq_len.py` trains the numbers model on training pairs of
-at most 24, 48 or 64 tokens per side with the sweep runner (experiments/sweeps.py: own
+at most 24, 48 or 64 tokens per side with the sweep runner (experiments/sweep.py: own
 workdirs, resumes, skips finished points); each trained model then translates the whole
 validation split, and BLEU is reported by bins of source length in tokens, so that sentences
 longer than any seen in training are scored apart (`run_quality`).
@@ -25,7 +25,8 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from experiments import report, step_cost, sweeps
+from experiments import sweep as sweep_lib
+from measuring import report, step_cost
 from transformer.errors import UserError, fail, flags_parser
 
 
@@ -41,7 +42,7 @@ def length_bins(edges: Sequence[int]) -> list[tuple[int, int | None]]:
 def bleu_by_bin(sources: list[list[int]], hyps: list[str], refs: list[str],
                 bins: list[tuple[int, int | None]]) -> list[dict[str, Any]]:
   """Corpus BLEU of the sentences whose source length (tokens, EOS included) is in each bin."""
-  from transformer import bleu as bleu_lib
+  from transformer.decoding import bleu as bleu_lib
 
   out = []
   for lo, hi in bins:
@@ -57,23 +58,23 @@ def bleu_by_bin(sources: list[list[int]], hyps: list[str], refs: list[str],
 def run_quality(sweep_spec: str, root: str, bins: list[tuple[int, int | None]],
                 log: Callable[[str], None] = print) -> dict[str, Any]:
   """Trains the sweep's points (skipping finished ones); BLEU of each by source-length bin."""
-  from transformer import bleu as bleu_lib
   from transformer import infer
   from transformer.data import input_pipeline
   from transformer.data.token_cache import TokenizedSplit
+  from transformer.decoding import bleu as bleu_lib
 
-  sweep = sweeps.load_sweep(sweep_spec)
-  failed = sweeps.run_points(sweep_spec, sweep, root, parallel=1, log=log)
+  sweep = sweep_lib.load_sweep(sweep_spec)
+  failed = sweep_lib.run_points(sweep_spec, sweep, root, parallel=1, log=log)
   if failed:
     raise RuntimeError(f"quality sweep points failed: {', '.join(failed)}")
-  rows = {r["name"]: r for r in sweeps.collect(sweep, root)}
+  rows = {r["name"]: r for r in sweep_lib.collect(sweep, root)}
   splits = input_pipeline.load_splits(sweep.config)  # the points do not change the data
   tokenized: dict[str, TokenizedSplit] = {}  # by vocabulary: the points share one
   models = []
   for p in sweep.points:
-    config = sweeps.point_config(sweep, p)
+    config = sweep_lib.point_config(sweep, p)
     log(f"[seq_len quality] {p.name}: translating the validation split")
-    restored = infer.restore(config, sweeps.workdir_of(root, sweep.name, p))
+    restored = infer.restore(config, sweep_lib.workdir_of(root, sweep.name, p))
     tokenizer = restored.tokenizer
     sources = [tokenizer.encode(s) for s, _ in splits["validation"]]
     hyps = [tokenizer.decode(ids)
@@ -143,7 +144,7 @@ def report_parts(cost: list[dict[str, Any]] | None, quality: dict[str, Any] | No
     body.append(f"\n![seq_len]({os.path.basename(png_path)})\n")
   return {"title": "Sequence length: cost of a training step, and translating longer sentences",
           "intro": "Produced by `experiments/seq_len.py` (method in its docstring and in "
-                   "`experiments/step_cost.py`); every record is in `seq_len.json`.",
+                   "`measuring/step_cost.py`); every record is in `seq_len.json`.",
           "body": body, "record": {"cost": cost, "quality": quality}}
 
 

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer import attention
+from transformer.nn import attention
 
 
 def reference_attention(q, k, v, mask):

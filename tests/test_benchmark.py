@@ -13,7 +13,7 @@ import pytest
 
 from benchmarks import train_step
 from configs import wmt
-from experiments import measure, step_cost
+from measuring import measure, step_cost
 from transformer import hardware
 from transformer.errors import ConfigError
 
@@ -330,7 +330,7 @@ def test_torch_peer_runs_without_torch_or_jax_until_main():
 
 
 def test_compare_peer_uses_the_repository_peer_and_writes_no_local_paths():
-  from experiments import report
+  from measuring import report
 
   with open(os.path.join(ROOT, "benchmarks", "compare_peer.py")) as f:
     assert 'os.path.join(ROOT, "benchmarks", "torch_peer.py")' in f.read()
@@ -411,7 +411,7 @@ model name\t: should not be read
   ("", "riscv64"),
 ])
 def test_cpu_kind_from_the_flags(flags, kind):
-  from experiments import report
+  from measuring import report
 
   assert report.cpu_kind(set(flags.split()), "riscv64") == kind
   restricted = report.cpu_kind(set(flags.split()), "x", "--xla_foo=1 --xla_cpu_max_isa=AVX2")
@@ -419,7 +419,7 @@ def test_cpu_kind_from_the_flags(flags, kind):
 
 
 def test_cpu_info_reads_the_first_processor(tmp_path, monkeypatch):
-  from experiments import report
+  from measuring import report
 
   path = tmp_path / "cpuinfo"
   path.write_text(CPUINFO)
@@ -434,7 +434,7 @@ def test_cpu_info_reads_the_first_processor(tmp_path, monkeypatch):
 
 
 def test_commands_name_the_variables_that_choose_kernels(monkeypatch):
-  from experiments import report
+  from measuring import report
 
   for name in report.KERNEL_ENV:
     monkeypatch.delenv(name, raising=False)

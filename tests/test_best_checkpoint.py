@@ -18,11 +18,12 @@ import pytest
 
 from configs import numbers as numbers_config
 from tests.xla_flags import FAST_COMPILE
-from transformer import evaluators, infer
-from transformer.best_checkpoint import BestCheckpoint, Tracker
-from transformer.checkpoint import Checkpointer
-from transformer.errors import ConfigError
-from transformer.validate import validate
+from transformer import infer
+from transformer.errors import CheckpointError, ConfigError
+from transformer.training import evaluators
+from transformer.training.best_checkpoint import BestCheckpoint, Tracker
+from transformer.training.checkpoint import Checkpointer
+from transformer.training.validate import validate
 
 # Most tests here run a command or train a model: `-m 'not slow'` leaves the whole file out.
 pytestmark = pytest.mark.slow
@@ -134,7 +135,7 @@ def test_a_run_stops_early_where_its_rule_says_and_keeps_the_best(stopped):
   assert f"step {best_step}" in result["stopped_early"]
   assert BestCheckpoint(workdir).step() == best_step
   # The final evaluation is the best checkpoint's, and it reports every evaluator's metrics.
-  assert result["evaluated"] == f"best, step {best_step}"
+  assert result["evaluated"].startswith(f"best checkpoint, step {best_step} (eval/loss ")
   for name in ("eval/loss", "eval/perplexity", "eval/bleu", "eval/chrf", "test/bleu",
                "test/ter"):
     assert name in result
@@ -157,9 +158,26 @@ def test_checkpoint_best_restores_the_best_parameters(stopped):
   assert infer.parse_checkpoint("best") == "best"
 
 
+def test_checkpoint_step_finds_a_step_kept_only_as_the_best(stopped):
+  """`--checkpoint=STEP` looks in `best/` too: the best step, rotated out of `checkpoints/`,
+  restores there (the same parameters as `--checkpoint=best`)."""
+  workdir, _ = stopped
+  best = BestCheckpoint(workdir)
+  step = best.step()
+  best.close()
+  assert step not in Checkpointer(os.path.join(workdir, "checkpoints"), None).all_steps()
+  by_step = infer.restore(tiny_config(), workdir, checkpoint=str(step))
+  by_best = infer.restore(tiny_config(), workdir, checkpoint="best")
+  assert by_step.label == f"step {step} (the best checkpoint)"
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(by_step.params),
+               jax.device_get(by_best.params))
+  with pytest.raises(CheckpointError, match="no such step"):
+    infer.restore(tiny_config(), workdir, checkpoint="999999")
+
+
 def test_a_stopped_run_started_again_only_evaluates(stopped, tmp_path):
   """(In this process, on 8 devices: the final evaluation's loss agrees to rounding.)"""
-  from transformer.train import train_and_evaluate
+  from transformer.training.train import train_and_evaluate
 
   source, first = stopped
   workdir = str(tmp_path / "again")
@@ -202,7 +220,7 @@ def test_early_stopping_survives_kill_9(stopped, tmp_path):
 
 
 def test_fine_tuning_starts_from_the_sources_best_parameters(stopped, tmp_path):
-  from transformer.train import train_and_evaluate
+  from transformer.training.train import train_and_evaluate
 
   source, _ = stopped
   workdir = str(tmp_path / "tuned")
@@ -227,9 +245,9 @@ def test_fine_tuning_starts_from_the_sources_best_parameters(stopped, tmp_path):
 
 
 def test_fine_tuning_without_the_optimizer_starts_it_afresh(stopped, tmp_path):
-  from transformer.finetune import check_source, initial_state
   from transformer.sharding import make_mesh
-  from transformer.train import Trainer
+  from transformer.training.finetune import check_source, initial_state
+  from transformer.training.trainer import Trainer
 
   source, _ = stopped
   config = tiny_config(init_from=source)
@@ -248,7 +266,7 @@ def test_fine_tuning_without_the_optimizer_starts_it_afresh(stopped, tmp_path):
   ("data.vocab_size", 300, "data.vocab_size"),
 ])
 def test_fine_tuning_refuses_another_model(stopped, field, value, named):
-  from transformer.finetune import check_source
+  from transformer.training.finetune import check_source
 
   source, _ = stopped
   changes = {field: value, "init_from": source}
@@ -286,7 +304,7 @@ def test_evaluation_settings_are_checked_before_work(changes, named):
 
 def test_an_evaluator_of_a_new_type_runs_without_an_edit_of_the_loop(monkeypatch, tmp_path):
   """A new metric is a class in evaluators.TYPES and an entry in the config."""
-  from transformer.train import train_and_evaluate
+  from transformer.training.train import train_and_evaluate
 
   seen = []
 
@@ -330,8 +348,8 @@ def test_the_domain_adaptation_corpus_holds_out_its_test_numbers(stopped, tmp_pa
   import re
 
   from experiments import domain_adaptation as da
-  from transformer import workdir_config
-  from transformer.finetune import check_source
+  from transformer import workdir as workdir_lib
+  from transformer.training.finetune import check_source
 
   def numbers(pairs):
     return {phrase for s, _ in pairs for phrase in re.split(r" and then ", s)}
@@ -343,6 +361,6 @@ def test_the_domain_adaptation_corpus_holds_out_its_test_numbers(stopped, tmp_pa
   assert da.ordinal_pairs("test", 100) == test  # deterministic
   source, _ = stopped
   files = da.write_corpus(str(tmp_path / "corpus"), 50, 20)
-  config = da.domain_config(workdir_config.load(source), files, 10, 2)
+  config = da.domain_config(workdir_lib.load(source), files, 10, 2)
   config.init_from = source
   check_source(config, validate(config, 1))

@@ -6,7 +6,7 @@ import math
 import pytest
 import sacrebleu
 
-from transformer import bleu
+from transformer.decoding import bleu
 
 REFERENCES = [
   "the cat sat on the mat and looked at the door",

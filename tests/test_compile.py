@@ -22,11 +22,11 @@ from configs import numbers as numbers_config
 from tests.test_train import FAST_COMPILE, REPO, read_metrics
 from transformer import compilation
 from transformer import sharding as sharding_lib
-from transformer.data.input_pipeline import TrainBatches
+from transformer.data.bucketing import TrainBatches
 from transformer.data.packing import PackedBatches
 from transformer.data.token_cache import TokenizedSplit
-from transformer.train import Trainer, shape_key
-from transformer.validate import validate
+from transformer.training.trainer import Trainer, shape_key
+from transformer.training.validate import validate
 
 BUCKETS = [16, 32, 64]
 # A training run in a child process that records, in order, every XLA compile ('compile'),
@@ -35,7 +35,8 @@ BUCKETS = [16, 32, 64]
 CHILD = """
 import atexit, json, os, sys
 import jax
-from transformer import compilation, main, train
+from transformer import compilation, main
+from transformer.training import train, trainer
 
 events = []
 jax.monitoring.register_event_duration_secs_listener(
@@ -49,7 +50,7 @@ def marked(name, fn):
     return fn(*args, **kwargs)
   return call
 
-train.Trainer.train_step = marked("step", train.Trainer.train_step)
+trainer.Trainer.train_step = marked("step", trainer.Trainer.train_step)
 train.evaluation_params = marked("end", train.evaluation_params)  # right after the loop
 atexit.register(lambda: open(os.environ["EVENTS"], "w").write(json.dumps(events)))
 sys.argv = ["main", *sys.argv[1:]]

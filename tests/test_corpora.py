@@ -19,9 +19,9 @@ from transformer.data import corpora
 from transformer.data import numbers as nb
 from transformer.data.errors import DataError
 from transformer.data.text_io import scan
-from transformer.model import ModelConfig
-from transformer.model_family import param_count
-from transformer.validate import validate
+from transformer.nn.model import ModelConfig
+from transformer.nn.model_family import param_count
+from transformer.training.validate import validate
 
 # --- TFDS builders by name ----------------------------------------------------------------------
 
@@ -49,7 +49,7 @@ def shrunk(config, steps=1):
 
 
 def train_under_mock(config, workdir, num_examples=64):
-  from transformer.train import train_and_evaluate
+  from transformer.training.train import train_and_evaluate
 
   with tfds.testing.mock_data(num_examples=num_examples):
     return train_and_evaluate(config, str(workdir))

@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 
 from tests.xla_flags import FAST_COMPILE
-from transformer import corpus, infer, workdir_config
+from transformer import infer
+from transformer import workdir as workdir_lib
 from transformer.data import numbers as nb
+from transformer.decoding import files
 
 # Most tests here run a command or train a model: `-m 'not slow'` leaves the whole file out.
 pytestmark = pytest.mark.slow
@@ -73,7 +75,7 @@ def workdir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def restored(workdir):
-  config = workdir_config.load(workdir)
+  config = workdir_lib.load(workdir)
   return config, infer.restore(config, workdir)
 
 
@@ -178,13 +180,13 @@ def _translate(config, restored, tmp_path, name, lines, nbest=1, fmt="jsonl", **
     for k, v in decode.items():
       config.decode[k] = v
   model = restored
-  from transformer.translate import Search, Translator
+  from transformer.decoding.translate import Search, Translator
 
   model.translator = Translator(model.translator.model_config, config.decode,
-                                model.translator.mesh, model.trainer.state_shardings.params,
+                                model.translator.mesh, model.layout.param_shardings,
                                 model.translator.bucket_lengths)
   settings = {"nbest": nbest, "format": fmt, "search": str(Search.from_config(config.decode))}
-  corpus.translate_corpus(corpus.CorpusRun(model, str(source), str(out), settings), config,
+  files.translate_corpus(files.CorpusRun(model, str(source), str(out), settings), config,
                           nbest, fmt)
   return out.read_text() if out.exists() else None
 
@@ -194,7 +196,7 @@ def test_hypotheses_log_probs_are_their_teacher_forced_scores(restored, method):
   import jax
   import jax.numpy as jnp
 
-  from transformer.translate import Search, decode_hypotheses, target_log_probs
+  from transformer.decoding.translate import Search, decode_hypotheses, target_log_probs
 
   config, model = restored
   nbest = 1 if method == "greedy" else 3
@@ -203,7 +205,7 @@ def test_hypotheses_log_probs_are_their_teacher_forced_scores(restored, method):
   inputs = np.zeros((len(sources), 16), np.int32)
   for row, ids in enumerate(sources):
     inputs[row, :len(ids)] = ids
-  mc = model.trainer.model_config
+  mc = model.layout.model_config
   seqs, scores, log_probs = jax.jit(lambda p, x: decode_hypotheses(
     p, x, mc, search, nbest=nbest, max_len=24))(model.params, jnp.asarray(inputs))
   seqs, scores, log_probs = map(np.asarray, (seqs, scores, log_probs))
@@ -227,8 +229,8 @@ def test_hypotheses_log_probs_are_their_teacher_forced_scores(restored, method):
 def test_score_mode_mean_nll_is_the_evaluation_loss(restored):
   """Sum of -logprob over the pairs' tokens / their token count = eval loss without label
   smoothing, on the same pairs."""
-  from transformer.evaluators import evaluate_loss
-  from transformer.train import Trainer
+  from transformer.training.evaluators import evaluate_loss
+  from transformer.training.trainer import Trainer
 
   config, model = restored
   config = config.copy_and_resolve_references()
@@ -240,7 +242,7 @@ def test_score_mode_mean_nll_is_the_evaluation_loss(restored):
   tokens = sum(len(t) for _, t in ids)
   nll = -sum(log_probs) / tokens
 
-  trainer = Trainer(config, model.trainer.mesh, model.trainer.model_config)
+  trainer = Trainer(config, model.layout.mesh, model.layout.model_config)
   length = 64
   batch = {"inputs": np.zeros((40, length), np.int32), "targets": np.zeros((40, length), np.int32)}
   for row, (s, t) in enumerate(ids):
@@ -257,7 +259,7 @@ def test_an_interrupted_translation_resumes_to_the_same_file(restored, tmp_path,
   whole = _translate(config, model, tmp_path, "whole.txt", lines, nbest=2, fmt="text")
 
   calls = []
-  original = corpus.ResumableOutput.write
+  original = files.ResumableOutput.write
 
   def write_then_die(self, text, n):
     calls.append(n)
@@ -265,7 +267,7 @@ def test_an_interrupted_translation_resumes_to_the_same_file(restored, tmp_path,
     if len(calls) == 2:
       raise KeyboardInterrupt  # a kill after the second chunk
 
-  monkeypatch.setattr(corpus.ResumableOutput, "write", write_then_die)
+  monkeypatch.setattr(files.ResumableOutput, "write", write_then_die)
   with pytest.raises(KeyboardInterrupt):
     _translate(config, model, tmp_path, "part.txt", lines, nbest=2, fmt="text")
   assert not (tmp_path / "part.txt").exists() and (tmp_path / "part.txt.partial").exists()
@@ -286,7 +288,7 @@ def test_an_interrupted_translation_resumes_to_the_same_file(restored, tmp_path,
 def test_a_partial_output_of_other_settings_is_refused(restored, tmp_path, monkeypatch):
   config, model = restored
   config = config.copy_and_resolve_references()
-  monkeypatch.setattr(corpus.ResumableOutput, "finish", lambda self: None)
+  monkeypatch.setattr(files.ResumableOutput, "finish", lambda self: None)
   _translate(config, model, tmp_path, "out.txt", ["seven", "nine"], nbest=1, fmt="text")
   monkeypatch.undo()
   from transformer.errors import UserError
@@ -299,7 +301,7 @@ def test_samples_depend_on_the_seed_not_on_the_mesh_or_the_batch(workdir, tmp_pa
   lines = ["seven", "three hundred", "nine", "twelve and one", "five"] * 2
   outputs = {}
   for name, mesh, batch in (("8x1", (-1, 1), 64), ("2x4", (2, 4), 64), ("small", (-1, 1), 8)):
-    config = workdir_config.load(workdir)
+    config = workdir_lib.load(workdir)
     with config.unlocked():
       config.mesh.data, config.mesh.fsdp = mesh
       config.decode.batch_size = batch
@@ -316,17 +318,17 @@ def test_samples_depend_on_the_seed_not_on_the_mesh_or_the_batch(workdir, tmp_pa
 
 
 def test_check_request_refuses_bad_flags_before_work(tmp_path):
+  from transformer.decoding.translate import Search
   from transformer.errors import UserError
-  from transformer.translate import Search
 
   beam = Search(method="beam", beam_size=4)
   with pytest.raises(UserError, match="--nbest=5"):
-    corpus.check_request("translate", 5, "text", beam, None, None)
+    files.check_request("translate", 5, "text", beam, None, None)
   with pytest.raises(UserError, match="--input"):
-    corpus.check_request("translate", 1, "text", beam, str(tmp_path / "nope"), None)
+    files.check_request("translate", 1, "text", beam, str(tmp_path / "nope"), None)
   with pytest.raises(UserError, match="--mode=score needs --input"):
-    corpus.check_request("score", 1, "jsonl", beam, None, None)
-  corpus.check_request("translate", 100, "jsonl", Search(method="sample"), None, None)
+    files.check_request("score", 1, "jsonl", beam, None, None)
+  files.check_request("translate", 100, "jsonl", Search(method="sample"), None, None)
 
 
 def test_the_corpus_benchmark_translates_the_same_file_with_both(workdir):
@@ -368,7 +370,7 @@ def test_an_edited_training_file_is_not_read_with_the_old_vocabulary(workdir, tm
   cache of the old content are not reused, one line, exit 2, nothing changed."""
   copy = tmp_path / "copy"
   shutil.copytree(workdir, copy)
-  files = workdir_config.load(workdir).data.train_files
+  files = workdir_lib.load(workdir).data.train_files
   pairs = list(nb.generate("train", 600))
   pairs[7] = ("new", "neu")
   try:

@@ -534,7 +534,7 @@ def test_auto_buckets_are_kept_beside_the_token_cache(tmp_path, monkeypatch):
 def test_bucket_lengths_field_takes_auto_or_a_list_and_nothing_else():
   from configs import numbers as numbers_config
   from transformer.errors import ConfigError
-  from transformer.validate import validate
+  from transformer.training.validate import validate
 
   config = numbers_config.get_config()
   config.data.bucket_lengths = "auto"

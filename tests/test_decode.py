@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer import decode
+from transformer.decoding import search as search_lib
 
 EOS = 1
 VOCAB = 5
@@ -76,7 +76,7 @@ def count_steps(fn):
 @functools.partial(jax.jit, static_argnames=("max_len", "make_model"))
 def _greedy(table, sentence_ids, max_lengths, *, max_len, make_model):
   # The table is an argument, not a closure constant, so same-shape calls share one compile.
-  return decode.greedy_decode(
+  return search_lib.greedy_decode(
     make_model(table),
     init_cache(sentence_ids, max_len),
     batch_size=sentence_ids.shape[0],
@@ -87,7 +87,7 @@ def _greedy(table, sentence_ids, max_lengths, *, max_len, make_model):
 
 @functools.partial(jax.jit, static_argnames=("max_len", "beam_size", "alpha", "make_model"))
 def _beam(table, sentence_ids, max_lengths, *, max_len, beam_size, alpha, make_model):
-  return decode.beam_search(
+  return search_lib.beam_search(
     make_model(table),
     init_cache(sentence_ids, max_len),
     batch_size=sentence_ids.shape[0],
@@ -158,22 +158,22 @@ def test_length_penalty_formula():
   lengths = np.arange(0, 12)
   for alpha in (0.0, 0.6, 1.0, 2.5):
     expected = ((5.0 + lengths) / 6.0) ** alpha
-    np.testing.assert_allclose(decode.length_penalty(lengths, alpha), expected, rtol=1e-6)
-  assert float(decode.length_penalty(1, 0.6)) == pytest.approx(1.0)
+    np.testing.assert_allclose(search_lib.length_penalty(lengths, alpha), expected, rtol=1e-6)
+  assert float(search_lib.length_penalty(1, 0.6)) == pytest.approx(1.0)
 
 
 def test_flatten_tile_gather_beams():
   x = jnp.arange(2 * 3 * 4).reshape(2, 3, 4)
-  np.testing.assert_array_equal(decode.unflatten_beams(decode.flatten_beams(x), 2), x)
+  np.testing.assert_array_equal(search_lib.unflatten_beams(search_lib.flatten_beams(x), 2), x)
   tree = {"kv": jnp.arange(2 * 5).reshape(2, 5), "index": jnp.array(7)}
-  tiled = decode.tile_beams(tree, 3)
+  tiled = search_lib.tile_beams(tree, 3)
   assert tiled["kv"].shape == (6, 5) and tiled["index"].shape == ()
   np.testing.assert_array_equal(tiled["kv"][3], tree["kv"][1])
-  gathered = decode.gather_beams(tiled, jnp.array([[2, 0, 0], [1, 1, 2]]))
+  gathered = search_lib.gather_beams(tiled, jnp.array([[2, 0, 0], [1, 1, 2]]))
   assert gathered["index"].shape == ()
   np.testing.assert_array_equal(gathered["kv"], tiled["kv"][jnp.array([2, 0, 0, 4, 4, 5])])
   # Leaves marked False (equal across the beams of a sentence) are passed through.
-  kept = decode.gather_beams(tiled, jnp.array([[2, 0, 0], [1, 1, 2]]),
+  kept = search_lib.gather_beams(tiled, jnp.array([[2, 0, 0], [1, 1, 2]]),
                              reorder={"kv": False, "index": True})
   np.testing.assert_array_equal(kept["kv"], tiled["kv"])
 
@@ -312,7 +312,7 @@ def test_asking_for_the_best_only_stops_sooner_with_the_same_best(seed):
   sentences, lengths = jnp.arange(3), jnp.full((3,), max_len)
 
   def search(n):
-    return decode.beam_search(counting_toy_model(table), init_cache(sentences, max_len),
+    return search_lib.beam_search(counting_toy_model(table), init_cache(sentences, max_len),
                               batch_size=3, beam_size=4, alpha=0.6, max_lengths=lengths,
                               max_len=max_len, num_hypotheses=n)
 
@@ -357,9 +357,9 @@ def test_in_place_beam_caches_equal_reordered_caches(scan_layers, batch):
   import dataclasses
 
   from configs import wmt
-  from transformer import model as model_lib
-  from transformer import translate
-  from transformer.model import ModelConfig, Transformer
+  from transformer.decoding import translate
+  from transformer.nn import model as model_lib
+  from transformer.nn.model import ModelConfig, Transformer
 
   cfg = dataclasses.replace(ModelConfig(**wmt.get_config("tiny").model),
                             scan_layers=scan_layers, dropout_rate=0.0)
@@ -372,7 +372,7 @@ def test_in_place_beam_caches_equal_reordered_caches(scan_layers, batch):
   params = Transformer(cfg).init(jax.random.key(0), src, src)["params"]
   encoded = Transformer(cfg).apply({"params": params}, src, method=Transformer.encode)
   step_model = Transformer(cfg, incremental=True)
-  encoded_b, src_b = decode.tile_beams((encoded, src), k)
+  encoded_b, src_b = search_lib.tile_beams((encoded, src), k)
 
   def tokens_to_logits(ids, cache):
     logits, mutated = step_model.apply(
@@ -381,8 +381,8 @@ def test_in_place_beam_caches_equal_reordered_caches(scan_layers, batch):
     )
     return logits[:, -1, :], mutated["cache"]
 
-  def search(cache, reorder):
-    return decode.beam_search(tokens_to_logits, cache, batch_size=batch, beam_size=k,
+  def run(cache, reorder):
+    return search_lib.beam_search(tokens_to_logits, cache, batch_size=batch, beam_size=k,
                               alpha=0.6, max_lengths=jnp.full((batch,), max_len),
                               max_len=max_len, eos_id=EOS, reorder=reorder)[:2]
 
@@ -394,8 +394,8 @@ def test_in_place_beam_caches_equal_reordered_caches(scan_layers, batch):
   owners = [x for path, x in jax.tree_util.tree_leaves_with_path(in_place)
             if path[-1].key == model_lib.KV_OWNER]
   assert owners and all(x.shape[-2] == k for x in owners)
-  seqs_old, scores_old = jax.jit(lambda c: search(c, translate.beam_reorder_mask(c)))(per_row)
-  seqs_new, scores_new = jax.jit(lambda c: search(c, translate.beam_reorder_mask(c)))(in_place)
+  seqs_old, scores_old = jax.jit(lambda c: run(c, translate.beam_reorder_mask(c)))(per_row)
+  seqs_new, scores_new = jax.jit(lambda c: run(c, translate.beam_reorder_mask(c)))(in_place)
   np.testing.assert_array_equal(seqs_new, seqs_old)
   np.testing.assert_allclose(scores_new, scores_old, rtol=1e-5)
 
@@ -406,10 +406,10 @@ def test_in_place_beam_caches_equal_reordered_caches(scan_layers, batch):
 def test_beam_log_probs_are_the_hypotheses_float64_log_probabilities():
   table = make_table(seed=5)
   args = (jnp.asarray(table, jnp.float32), jnp.asarray([0, 1, 2]), jnp.asarray([4, 3, 2]))
-  search = jax.jit(lambda t, s, m: decode.beam_search(
+  run = jax.jit(lambda t, s, m: search_lib.beam_search(
     toy_model(t), init_cache(s, 4), batch_size=3, beam_size=128, alpha=0.6, max_lengths=m,
     max_len=4))
-  seqs, scores, log_probs = map(np.asarray, search(*args))
+  seqs, scores, log_probs = map(np.asarray, run(*args))
   reference = log_softmax64(table)
   for b in range(3):
     for k in range(128):
@@ -424,7 +424,7 @@ def test_beam_log_probs_are_the_hypotheses_float64_log_probabilities():
 
 
 def _sample(table, sentence_ids, max_lengths, max_len, keys, **filters):
-  return jax.jit(lambda t, s, m, k: decode.sample_decode(
+  return jax.jit(lambda t, s, m, k: search_lib.sample_decode(
     toy_model(t), init_cache(s, max_len), rngs=k, batch_size=len(sentence_ids),
     max_lengths=m, max_len=max_len, **filters))(
       jnp.asarray(table, jnp.float32), jnp.asarray(sentence_ids), jnp.asarray(max_lengths), keys)
@@ -433,7 +433,7 @@ def _sample(table, sentence_ids, max_lengths, max_len, keys, **filters):
 def test_greedy_log_probs_and_top_k_1_sampling_equal_greedy():
   table = make_table(seed=3)
   ids, lengths = [0, 1, 2, 0], [4, 4, 3, 2]
-  greedy, greedy_lp = jax.jit(lambda t, s, m: decode.greedy_decode(
+  greedy, greedy_lp = jax.jit(lambda t, s, m: search_lib.greedy_decode(
     toy_model(t), init_cache(s, 4), batch_size=4, max_lengths=m, max_len=4))(
       jnp.asarray(table, jnp.float32), jnp.asarray(ids), jnp.asarray(lengths))
   keys = jax.random.split(jax.random.key(0), 4)
@@ -510,9 +510,9 @@ def test_beam_reorder_mask_follows_the_declared_cache_entries():
   import dataclasses
 
   from configs import wmt
-  from transformer import model as model_lib
-  from transformer import translate
-  from transformer.model import ModelConfig
+  from transformer.decoding import translate
+  from transformer.nn import model as model_lib
+  from transformer.nn.model import ModelConfig
 
   cfg = dataclasses.replace(ModelConfig(**wmt.get_config("tiny").model), num_layers=1)
   for beam_size in (1, 4):
@@ -536,9 +536,9 @@ def test_beam_search_decodes_the_lstm_baseline():
   import dataclasses
 
   from configs import wmt
-  from transformer import translate
-  from transformer.model import ModelConfig
-  from transformer.model_family import build_model
+  from transformer.decoding import translate
+  from transformer.nn.model import ModelConfig
+  from transformer.nn.model_family import build_model
 
   cfg = dataclasses.replace(ModelConfig(**wmt.get_config("tiny").model), kind="lstm",
                             dropout_rate=0.0)

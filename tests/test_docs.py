@@ -222,7 +222,7 @@ def stand_in(workdir: str, root: str) -> str:
   """A directory under `root` holding the config.json that `workdir` would have."""
   import importlib.util
 
-  from transformer import workdir_config
+  from transformer import workdir as workdir_lib
 
   if workdir not in WORKDIR_CONFIGS:
     raise ValueError(f"--workdir={workdir}: add its config to test_docs.WORKDIR_CONFIGS")
@@ -232,22 +232,22 @@ def stand_in(workdir: str, root: str) -> str:
   spec.loader.exec_module(module)
   directory = os.path.join(root, workdir.replace("/", "_"))
   os.makedirs(directory, exist_ok=True)
-  workdir_config.save(module.get_config(arg or None), directory)
+  workdir_lib.save(module.get_config(arg or None), directory)
   return directory
 
 
 def with_stand_in_workdir(argv: list[str], root: str) -> list[str]:
   """`argv` with its --workdir replaced by a stand-in holding the workdir's config.json, when
   the command takes its config from the workdir (or names a workdir's config as its config
-  file, `--config=transformer/workdir_config.py:WORKDIR`); else `argv` unchanged."""
-  from transformer import workdir_config
+  file, `--config=transformer/workdir.py:WORKDIR`); else `argv` unchanged."""
+  from transformer import workdir as workdir_lib
 
-  prefix = "--config=transformer/workdir_config.py:"
+  prefix = "--config=transformer/workdir.py:"
   argv = [prefix + stand_in(a[len(prefix):], root) if a.startswith(prefix) else a
           for a in argv]
-  if workdir_config.with_workdir_config(["main", *argv])[1:] == argv:
+  if workdir_lib.with_workdir_config(["main", *argv])[1:] == argv:
     return argv
-  workdir = workdir_config.flag_value(argv, "workdir")
+  workdir = workdir_lib.flag_value(argv, "workdir")
   directory = stand_in(workdir, root)
   return [a if not a.startswith("--workdir=") else f"--workdir={directory}" for a in argv]
 

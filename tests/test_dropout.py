@@ -5,8 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer import dropout
-from transformer.model import ModelConfig
+from transformer.nn import dropout
+from transformer.nn.model import ModelConfig
 
 
 @pytest.mark.parametrize("bits", dropout.MASK_BITS)

@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 
 from configs import numbers
-from experiments import attention_weights, heads, measure, report, seq_len, step_cost, tasks
-from experiments import sweeps as sweep
+from experiments import attention_weights, heads, seq_len, sweep, tasks
+from measuring import measure, report, step_cost
 from tests.xla_flags import FAST_COMPILE
-from transformer.model_family import param_count
-from transformer.validate import model_config
+from transformer.nn.model_family import param_count
+from transformer.training.validate import model_config
 
 # Most tests here run a command or train a model: `-m 'not slow'` leaves the whole file out.
 pytestmark = pytest.mark.slow
@@ -350,8 +350,8 @@ def _reference_weights(record):
 
 
 def test_attention_weights_match_float64_numpy():
-  from transformer.model import ModelConfig
-  from transformer.model_family import build_model
+  from transformer.nn.model import ModelConfig
+  from transformer.nn.model_family import build_model
 
   cfg = ModelConfig(vocab_size=24, num_layers=2, d_model=16, d_ff=32, num_heads=4,
                           dropout_rate=0.0, max_len=32, dtype="float32")

@@ -3,7 +3,7 @@
 A tiny model is trained for 150 steps (about 15 s), exported through the main
 program, and both libraries translate the same sentences, CTranslate2 given the SentencePiece
 pieces alone, as its users pass them. Beam search is compared with the length penalty off: the
-two libraries' penalties differ (transformer/export.py).
+two libraries' penalties differ (transformer/interop/export.py).
 """
 
 import dataclasses
@@ -23,11 +23,13 @@ ctranslate2 = pytest.importorskip("ctranslate2")
 
 from configs import numbers  # noqa: E402
 from tests.test_train import FAST_COMPILE, REPO  # noqa: E402
-from transformer import export, infer, translate  # noqa: E402
+from transformer import infer  # noqa: E402
+from transformer.decoding import translate  # noqa: E402
 from transformer.errors import ConfigError, UserError  # noqa: E402
-from transformer.model import ModelConfig  # noqa: E402
-from transformer.model_family import build_model  # noqa: E402
-from transformer.validate import model_config  # noqa: E402
+from transformer.interop import export  # noqa: E402
+from transformer.nn.model import ModelConfig  # noqa: E402
+from transformer.nn.model_family import build_model  # noqa: E402
+from transformer.training.validate import model_config  # noqa: E402
 
 # Most tests here run a command or train a model: `-m 'not slow'` leaves the whole file out.
 pytestmark = pytest.mark.slow
@@ -94,7 +96,7 @@ def _project_outputs(restored, config, sources, beam_size):
   decode = ml_collections.ConfigDict({"beam_size": beam_size, "alpha": 0.0, "batch_size": 8,
                                       "max_extra_len": config.decode.max_extra_len})
   translator = translate.Translator(restored.translator.model_config, decode,
-                                    restored.trainer.mesh, restored.trainer.state_shardings.params,
+                                    restored.layout.mesh, restored.layout.param_shardings,
                                     config.data.bucket_lengths)
   return translator.translate_ids(restored.params, sources)
 

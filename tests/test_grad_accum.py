@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 
 from configs import numbers as numbers_config
-from experiments import measure
+from measuring import measure
 from tests.test_sharding import make_trainer
 from transformer import sharding as sharding_lib
-from transformer.checkpoint import check_meta, run_meta
 from transformer.errors import ConfigError
-from transformer.train_state import loss_sums, make_train_step, split_micro_batches
-from transformer.validate import validate
+from transformer.training.checkpoint import check_meta, run_meta
+from transformer.training.train_state import loss_sums, make_train_step, split_micro_batches
+from transformer.training.validate import validate
 
 # Most tests here run a command or train a model: `-m 'not slow'` leaves the whole file out.
 pytestmark = pytest.mark.slow
@@ -172,7 +172,7 @@ def test_memory_falls_with_k_and_the_experiment_reports_it(tmp_path):
   assert len(timing[0]["losses"]) == 4  # the untimed round, then the timed one
   assert len(timing[0]["step_s"]) == 1 and timing[0]["micro_batch_rows"] == 4
   config = numbers_config.get_config("tiny")
-  from experiments import report
+  from measuring import report
 
   report.write(str(tmp_path / "r"), command="python -m x",
                **accum_memory.report_parts(config, config, memory, timing))

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 from configs import wmt as wmt_config
-from experiments import measure
+from measuring import measure
 from transformer import hardware
-from transformer.train import Meter
+from transformer.training.train import Meter
 
 
 @pytest.mark.parametrize("kind,peak", [

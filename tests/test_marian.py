@@ -22,13 +22,15 @@ import numpy as np
 import pytest
 
 from tests.xla_flags import FAST_COMPILE
-from transformer import export, infer, marian, safetensors_reader, workdir_config
-from transformer.data import input_pipeline
+from transformer import infer
+from transformer import workdir as workdir_lib
+from transformer.data import vocabulary
 from transformer.data.marian_tokenizer import MarianTokenizer
 from transformer.data.tokenizer import SOURCE, TARGET
 from transformer.errors import UserError
-from transformer.model import sinusoidal_positions
-from transformer.model_family import build_model
+from transformer.interop import export, marian, safetensors_reader
+from transformer.nn.model import sinusoidal_positions
+from transformer.nn.model_family import build_model
 
 # Most tests here run a command or train a model: `-m 'not slow'` leaves the whole file out.
 pytestmark = pytest.mark.slow
@@ -73,23 +75,23 @@ def workdir(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def restored(workdir):
-  config = workdir_config.load(workdir)
+  config = workdir_lib.load(workdir)
   return config, infer.restore(config, workdir)
 
 
 def test_the_workdir_is_a_trained_one(workdir):
   assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["0"]
-  config = workdir_config.load(workdir)
+  config = workdir_lib.load(workdir)
   assert config.model.activation == "swish" and config.model.positional == "sinusoidal_halves"
   assert config.model.attention_bias and config.model.logits_bias
   assert config.model.layer_norm_epsilon == 1e-5 and config.decode.suppress_padding
   assert (config.data.source_lang, config.data.target_lang) == ("en", "de")
   assert config.data.vocab_size == config.model.vocab_size == V
-  assert isinstance(input_pipeline.stored_tokenizer(workdir), MarianTokenizer)
+  assert isinstance(vocabulary.stored_tokenizer(workdir), MarianTokenizer)
 
 
 def test_tokenization_equals_marian_tokenizer(workdir):
-  tokenizer = input_pipeline.stored_tokenizer(workdir)
+  tokenizer = vocabulary.stored_tokenizer(workdir)
   assert tokenizer.vocab_size == V
   for text, ids in zip(EXPECTED["sources"], EXPECTED["source_ids"], strict=True):
     assert tokenizer.encode(text, side=SOURCE) == ours(ids), text
@@ -132,7 +134,7 @@ def test_teacher_forced_log_probs_equal_transformers(restored):
 
 
 def _search(config, workdir, **decode):
-  config = workdir_config.from_json(workdir_config.to_json(config))
+  config = workdir_lib.from_json(workdir_lib.to_json(config))
   for key, value in {"max_extra_len": EXPECTED["max_extra_len"], **decode}.items():
     config.decode[key] = value
   model = infer.restore(config, workdir)
@@ -364,10 +366,10 @@ def test_fine_tuning_continues_the_imported_workdir(workdir, tmp_path):
   # The token cache holds the training targets as target.spm cuts them (32 of the 40 lines:
   # 4 + 4 are held out).
   [cached] = glob.glob(os.path.join(tuned, "cache", "train-*", "target.bin"))
-  tokenizer = input_pipeline.stored_tokenizer(tuned)
+  tokenizer = vocabulary.stored_tokenizer(tuned)
   want = [i for n in range(32) for i in tokenizer.encode(EXPECTED["targets"][n % 5], side=TARGET)]
   assert np.fromfile(cached, np.uint16).tolist() == want
-  config = workdir_config.load(tuned)
+  config = workdir_lib.load(tuned)
   model = infer.restore(config, tuned, average=1)
   assert model.label == "step 2"
   [[hyp]] = model.translator.search_ids(model.params, [ours(EXPECTED["source_ids"][0])], 1)
@@ -379,12 +381,12 @@ def test_init_from_an_imported_workdir_starts_from_its_parameters_and_vocabulary
   """`config.init_from` of an imported workdir: a new workdir whose step 0 holds the imported
   parameters and whose vocabulary is the imported one (both SentencePiece models and the
   joint table), used to tokenize the new corpus."""
-  from transformer.checkpoint import Checkpointer
-  from transformer.train import train_and_evaluate
+  from transformer.training.checkpoint import Checkpointer
+  from transformer.training.train import train_and_evaluate
 
   for lang, texts in (("en", EXPECTED["sources"]), ("de", EXPECTED["targets"])):
     (tmp_path / f"train.{lang}").write_text("".join(t + "\n" for t in texts * 8))
-  config = workdir_config.load(workdir)
+  config = workdir_lib.load(workdir)
   config.init_from = workdir
   config.num_train_steps = 0
   config.data.heldout_pairs = 4

@@ -10,7 +10,8 @@ import pytest
 from flax import nnx
 
 from configs import wmt
-from transformer.model import (
+from transformer.decoding.translate import init_cache, prefill_cache
+from transformer.nn.model import (
   Encoder,
   FeedForward,
   ModelConfig,
@@ -19,8 +20,7 @@ from transformer.model import (
   sinusoidal_positions,
   tied_logits,
 )
-from transformer.train_state import cross_entropy, loss_sums
-from transformer.translate import init_cache, prefill_cache
+from transformer.training.train_state import cross_entropy, loss_sums
 
 TINY = ModelConfig(vocab_size=40, num_layers=2, d_model=32, d_ff=64, num_heads=4,
                          max_len=32, dropout_rate=0.0)

@@ -17,17 +17,17 @@ from tests.test_faults import one_error_line, tree_digest
 from tests.test_sharding import make_trainer
 from tests.test_train import TINY, read_metrics, run_main
 from transformer import sharding as sharding_lib
-from transformer.checkpoint import Checkpointer, check_meta, run_meta
 from transformer.errors import CheckpointError, ConfigError
 from transformer.schedules import learning_rate_schedule, paper_schedule
-from transformer.train_state import (
+from transformer.training.checkpoint import Checkpointer, check_meta, run_meta
+from transformer.training.train_state import (
   EmaTrainState,
   TrainState,
   decay_mask,
   make_optimizer,
   make_train_step,
 )
-from transformer.validate import validate
+from transformer.training.validate import validate
 
 # Most tests here run a command or train a model: `-m 'not slow'` leaves the whole file out.
 pytestmark = pytest.mark.slow
@@ -440,11 +440,12 @@ def test_the_run_logs_its_schedule_and_checkpoints_the_average(ema_run):
 
 
 def test_evaluation_and_inference_use_the_average(ema_run):
-  from transformer import infer, workdir_config
-  from transformer.data import input_pipeline
-  from transformer.evaluators import evaluate_loss as evaluate
+  from transformer import infer
+  from transformer import workdir as workdir_lib
+  from transformer.data import bucketing, input_pipeline
+  from transformer.training.evaluators import evaluate_loss as evaluate
 
-  config = workdir_config.load(ema_run)
+  config = workdir_lib.load(ema_run)
   states = saved_states(ema_run)
   newest = infer.restore(config, ema_run, average=1)
   assert newest.label == "step 6 (EMA)"
@@ -458,13 +459,13 @@ def test_evaluation_and_inference_use_the_average(ema_run):
   # The evaluation at step 3 of training scored the average, not the parameters.
   evals, _ = input_pipeline.evaluation_data(
     config, input_pipeline.open_reader(config), at_3.tokenizer,
-    sharding_lib.data_parallel_size(at_3.trainer.mesh),
-    buckets=input_pipeline.workdir_buckets(config, ema_run))
+    sharding_lib.data_parallel_size(at_3.layout.mesh),
+    buckets=bucketing.workdir_buckets(config, ema_run))
   logged = next(r["eval/loss"] for r in read_metrics(ema_run)
                 if r["step"] == 3 and "eval/loss" in r)
-  params = jax.device_put(states[3]["params"], at_3.trainer.state_shardings.params)
-  of_average = evaluate(at_3.trainer, at_3.params, evals["validation"], "eval")["eval/loss"]
-  of_params = evaluate(at_3.trainer, params, evals["validation"], "eval")["eval/loss"]
+  params = jax.device_put(states[3]["params"], at_3.layout.param_shardings)
+  of_average = evaluate(at_3.layout, at_3.params, evals["validation"], "eval")["eval/loss"]
+  of_params = evaluate(at_3.layout, params, evals["validation"], "eval")["eval/loss"]
   np.testing.assert_allclose(logged, of_average, rtol=1e-5)
   assert abs(of_params - of_average) > 100 * abs(logged - of_average)
 

@@ -21,9 +21,10 @@ def test_pip_install_then_import_from_another_directory(tmp_path):
     [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
      f"--target={target}", str(source)], capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-  code = ("import transformer.model, transformer.attention, transformer.infer, transformer.train\n"
+  code = ("import transformer.nn.model, transformer.nn.attention, transformer.infer\n"
+          "import transformer.training.train\n"
           "import transformer.data.input_pipeline\n"
-          "print(transformer.model.__file__)")
+          "print(transformer.nn.model.__file__)")
   elsewhere = tmp_path / "elsewhere"
   elsewhere.mkdir()
   env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
@@ -112,7 +113,7 @@ def test_the_benchmarks_build_on_the_experiments_tools_and_not_the_other_way():
 
 
 # The one function that defines flags for its callers: the sweep commands call it when they run.
-FLAG_HELPERS = {"experiments.sweeps.define_flags"}
+FLAG_HELPERS = {"experiments.sweep.define_flags"}
 # The program's entry point: its flags are module-level, and nothing imports it.
 ENTRY_POINT = "transformer.main"
 

@@ -15,9 +15,9 @@ from configs import numbers as numbers_config
 from transformer.data import packing
 from transformer.data.token_cache import TokenizedSplit
 from transformer.errors import ConfigError
-from transformer.model import ModelConfig, Transformer, shift_right
-from transformer.train_state import cross_entropy
-from transformer.validate import validate
+from transformer.nn.model import ModelConfig, Transformer, shift_right
+from transformer.training.train_state import cross_entropy
+from transformer.training.validate import validate
 
 
 def synthetic(n=300, seed=0, longest=30):
@@ -216,7 +216,7 @@ def test_validation_of_the_packing_fields():
 
 
 def test_the_pipeline_packs_when_the_config_says_so():
-  from transformer.data import input_pipeline
+  from transformer.data import bucketing, input_pipeline
 
   src, tgt = synthetic(50)
   split = TokenizedSplit.from_sequences(src, tgt)
@@ -224,7 +224,7 @@ def test_the_pipeline_packs_when_the_config_says_so():
   assert isinstance(input_pipeline.train_batches(split, config), packing.PackedBatches)
   config.data.packing = False
   bucketed = input_pipeline.train_batches(split, config)
-  assert isinstance(bucketed, input_pipeline.TrainBatches)
+  assert isinstance(bucketed, bucketing.TrainBatches)
   assert not set(packing.PACKING_KEYS) & set(bucketed.batch(0))
   assert packing.packing_kwargs(bucketed.batch(0)) == {}
 

@@ -12,7 +12,7 @@ from configs import numbers as numbers_config
 from transformer import storage
 from transformer.errors import ConfigError
 from transformer.profiling import Profiler, parse_steps
-from transformer.validate import validate
+from transformer.training.validate import validate
 
 
 def test_parse_steps():

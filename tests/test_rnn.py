@@ -9,10 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer import decode as decode_lib
-from transformer.model import ModelConfig, Transformer, shift_right
-from transformer.model_family import lstm_config_for_params, param_count
-from transformer.rnn import LSTMSeq2Seq
+from transformer.decoding import search as decode_lib
+from transformer.nn.model import ModelConfig, Transformer, shift_right
+from transformer.nn.model_family import lstm_config_for_params, param_count
+from transformer.nn.rnn import LSTMSeq2Seq
 
 TINY = ModelConfig(
   vocab_size=40, num_layers=2, d_model=24, d_ff=64, num_heads=4, max_len=32, dropout_rate=0.0,

@@ -14,10 +14,10 @@ import pytest
 from configs import numbers as numbers_config
 from tests.xla_flags import FAST_COMPILE
 from transformer import sharding as sharding_lib
-from transformer.checkpoint import Checkpointer
 from transformer.errors import ConfigError
-from transformer.train import Trainer
-from transformer.validate import validate
+from transformer.training.checkpoint import Checkpointer
+from transformer.training.trainer import Trainer
+from transformer.training.validate import validate
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -133,12 +133,12 @@ def tiny_train_split(tmp_path_factory):
 
 def plan_losses(mesh, num_devices, split, steps=4):
   """Training losses of the first `steps` batches of the real plan on `mesh`."""
-  from transformer.data import input_pipeline
+  from transformer.data import bucketing
 
   config = tiny_config(*mesh)
   config.data.tokens_per_batch = 300  # 9 and 4 examples per batch: padded on 8 devices
   trainer = make_trainer(config, num_devices)
-  batches = input_pipeline.TrainBatches(
+  batches = bucketing.TrainBatches(
     split, config, batch_multiple=sharding_lib.data_parallel_size(trainer.mesh))
   state, rng, out = trainer.init_state(0), jax.random.key(0), []
   for step in range(steps):

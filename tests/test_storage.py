@@ -48,7 +48,7 @@ def test_lock_of_a_live_process_on_this_host_is_refused_with_its_owner(tmp_path)
   try:
     write_lock(tmp_path, pid=sleeper.pid)
     with pytest.raises(storage.WorkdirLockedError) as info:
-      storage.WorkdirLock(tmp_path, settle=0).acquire()
+      storage.WorkdirLock(tmp_path / ".lock", settle=0).acquire()
     message = str(info.value)
     assert f"pid {sleeper.pid}" in message and socket.gethostname() in message
     assert "\n" not in message
@@ -56,7 +56,7 @@ def test_lock_of_a_live_process_on_this_host_is_refused_with_its_owner(tmp_path)
     sleeper.kill()
     sleeper.wait()
   # Its owner is gone now: the lock is taken over.
-  with storage.WorkdirLock(tmp_path, settle=0) as lock:
+  with storage.WorkdirLock(tmp_path / ".lock", settle=0) as lock:
     assert json.loads((tmp_path / ".lock").read_text())["token"] == lock.token
   assert not (tmp_path / ".lock").exists()  # released
 
@@ -64,27 +64,27 @@ def test_lock_of_a_live_process_on_this_host_is_refused_with_its_owner(tmp_path)
 def test_lock_of_another_host_is_refused_until_its_heartbeat_is_stale(tmp_path):
   write_lock(tmp_path, host="elsewhere", pid=1, time=time.time() - 10)
   with pytest.raises(storage.WorkdirLockedError, match="host elsewhere, pid 1"):
-    storage.WorkdirLock(tmp_path, settle=0, stale_after=90).acquire()
+    storage.WorkdirLock(tmp_path / ".lock", settle=0, stale_after=90).acquire()
   write_lock(tmp_path, host="elsewhere", pid=1, time=time.time() - 100)
-  lock = storage.WorkdirLock(tmp_path, settle=0, stale_after=90).acquire()
+  lock = storage.WorkdirLock(tmp_path / ".lock", settle=0, stale_after=90).acquire()
   lock.release()
 
 
 def test_lock_heartbeat_keeps_it_fresh_and_a_second_lock_is_refused(tmp_path):
-  lock = storage.WorkdirLock(tmp_path, heartbeat=0.05, settle=0).acquire()
+  lock = storage.WorkdirLock(tmp_path / ".lock", heartbeat=0.05, settle=0).acquire()
   try:
     first = json.loads((tmp_path / ".lock").read_text())["time"]
     time.sleep(0.3)
     assert json.loads((tmp_path / ".lock").read_text())["time"] > first
     with pytest.raises(storage.WorkdirLockedError, match=f"pid {os.getpid()}"):
-      storage.WorkdirLock(tmp_path, settle=0).acquire()
+      storage.WorkdirLock(tmp_path / ".lock", settle=0).acquire()
   finally:
     lock.release()
 
 
 def test_damaged_lock_file_is_taken_over(tmp_path):
   (tmp_path / ".lock").write_text('{"host": "x", "pi')  # cut short by a kill
-  storage.WorkdirLock(tmp_path, settle=0).acquire().release()
+  storage.WorkdirLock(tmp_path / ".lock", settle=0).acquire().release()
 
 
 def test_local_file_lock_excludes_other_processes(tmp_path):

@@ -16,9 +16,9 @@ import pytest
 from configs import numbers as numbers_config
 from tests.conftest import RESUMED_RUN
 from tests.xla_flags import FAST_COMPILE
-from transformer import checkpoint as checkpoint_lib
 from transformer.schedules import paper_schedule
-from transformer.train_state import cross_entropy, make_train_step
+from transformer.training import checkpoint as checkpoint_lib
+from transformer.training.train_state import cross_entropy, make_train_step
 
 # Most tests here run a command or train a model: `-m 'not slow'` leaves the whole file out.
 pytestmark = pytest.mark.slow
@@ -249,8 +249,8 @@ def test_average_mode_of_the_cli(tiny_run):
 
 def tiny_trainer():
   from transformer import sharding as sharding_lib
-  from transformer.train import Trainer
-  from transformer.validate import validate
+  from transformer.training.trainer import Trainer
+  from transformer.training.validate import validate
 
   config = numbers_config.get_config("tiny")
   config.mesh.data = 1

@@ -1,5 +1,6 @@
-"""Config validation (transformer/validate.py): every field's value as a user might type it ends
-in the config being accepted or in one ConfigError line naming the field, never a traceback."""
+"""Config validation (transformer/training/validate.py): every field's value as a user might
+type it ends in the config being accepted or in one ConfigError line naming the field, never a
+traceback."""
 
 import contextlib
 import math
@@ -18,7 +19,7 @@ from configs import text as text_config
 from configs import wmt as wmt_config
 from tests.xla_flags import FAST_COMPILE
 from transformer.errors import ConfigError
-from transformer.validate import FIELDS, METHODS, validate
+from transformer.training.validate import FIELDS, METHODS, validate
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A field whose value is a mapping of its own (language -> path) is one leaf.
@@ -213,7 +214,7 @@ def test_configs_without_the_newer_decoding_fields_still_validate():
 def test_configs_saved_before_evaluators_were_configured_still_validate():
   """A workdir's config.json from before `evals`, `best_checkpoint`, `early_stopping` and
   `init_from` existed: the default evaluators, no best checkpoint, no fine-tuning."""
-  from transformer import evaluators
+  from transformer.training import evaluators
 
   config = numbers_config.get_config("tiny").to_dict()
   for field in ("evals", "best_checkpoint", "early_stopping", "init_from",

@@ -1,15 +1,15 @@
 """Entry point: `python -m transformer.main --config=configs/numbers.py [--workdir=DIR]`.
 
 Modes: `train` (default: train, evaluate, checkpoint, resume), `translate` (--input or stdin
-to --output or stdout: n-best lists, sampling, jsonl; transformer/corpus.py), `score` (the
+to --output or stdout: n-best lists, sampling, jsonl; transformer/decoding/files.py), `score` (the
 log probability of each `source<TAB>target` line), `average` (average the last N checkpoints
 and evaluate them), `export` (`--format=ctranslate2 --output=DIR`: the newest checkpoint or
-the average of the last N as a CTranslate2 model, transformer/export.py), `import`
+the average of the last N as a CTranslate2 model, transformer/interop/export.py), `import`
 (`--source=DIR --workdir=NEW`: an OPUS-MT (Marian) model in Hugging Face's layout as a workdir
-at step 0, transformer/marian.py; `--config`, by default configs/text.py, gives the fields that
-are not the model's).
+at step 0, transformer/interop/marian.py; `--config`, by default configs/text.py, gives the
+fields that are not the model's).
 Every mode works from `--workdir` alone: the run's config, saved there at its first start, is
-the default (transformer/workdir_config.py); `--config.FIELD=VALUE` overrides its decoding and
+the default (transformer/workdir.py); `--config.FIELD=VALUE` overrides its decoding and
 evaluation fields, and training with it continues the run (or fine-tunes an imported model).
 A user error (bad config value, missing data, incompatible checkpoint) ends with one line on
 stderr naming the field or path, and exit status 2.
@@ -30,10 +30,13 @@ os.environ.setdefault("EPATH_USE_TF", "false")
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from transformer import host_memory, workdir_config  # noqa: E402
+from transformer import (
+  host_memory,  # noqa: E402
+  modes,  # noqa: E402
+)
+from transformer import workdir as workdir_lib
 from transformer.errors import fail  # noqa: E402
-
-MODES = ["train", "translate", "score", "average", "export", "import"]
+from transformer.errors import parse_flags as parse_flags_lib  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "Config file, e.g. configs/numbers.py or configs/wmt.py:big.",
@@ -43,7 +46,7 @@ _WORKDIR = flags.DEFINE_string(
   "workdir", None, "Directory for checkpoints, vocabulary and metrics "
   "(default: runs/<config name>[-<variant>]).",
 )
-_MODE = flags.DEFINE_enum("mode", "train", MODES, "What to do.")
+_MODE = flags.DEFINE_enum("mode", "train", list(modes.MODES), "What to do (transformer/modes.py).")
 _INPUT = flags.DEFINE_string("input", None, "translate: read sentences from this file "
                              "instead of standard input; score: source<TAB>target lines.")
 _NBEST = flags.DEFINE_integer("nbest", 1, "translate: hypotheses per sentence (beam search: "
@@ -92,38 +95,17 @@ IMPORT_BASE = os.path.join("configs", "text.py")
 def with_import_base(argv: list[str]) -> list[str]:
   """argv with `--config=<repository>/configs/text.py` added for `--mode=import` without
   --config, where the repository has it (an installed package has no configs/)."""
-  if (workdir_config.flag_value(argv, "mode") != "import"
-      or workdir_config.flag_value(argv, "config") is not None):
+  if (workdir_lib.flag_value(argv, "mode") != "import"
+      or workdir_lib.flag_value(argv, "config") is not None):
     return argv
   base = os.path.join(_PROJECT_DIR, IMPORT_BASE)
   return [argv[0], f"--config={base}", *argv[1:]] if os.path.exists(base) else argv
 
 
 def parse_flags(argv: list[str]) -> list[str]:
-  """absl's parsing, but a bad flag or config file is one line and exit status 2."""
-  argv = with_import_base(workdir_config.with_workdir_config(argv))
-  try:
-    return FLAGS(argv)
-  except Exception as e:  # noqa: BLE001 - a bad flag, or a config file that fails to load
-    fail(_config_error(e, argv))
-
-
-def _config_error(e: BaseException, argv: list[str]) -> str:
-  """One line for a failure to load the config file or to apply an override to it."""
-  root = e
-  while root.__cause__ or root.__context__:
-    root = root.__cause__ or root.__context__
-  lines = [ln.strip() for ln in str(root).splitlines() if ln.strip()]
-  message = lines[-1] if lines else ""
-  overrides = [a.split("=")[0] for a in argv if a.startswith("--config.")]
-  if isinstance(root, AttributeError | KeyError) and overrides:
-    return (f"--config: no such field {message} (overrides: {', '.join(overrides)}); "
-            "see the config file for the field names")
-  if overrides and isinstance(root, ValueError | TypeError) and "variant" not in message:
-    return f"--config: bad override value in {', '.join(overrides)}: {message}"
-  if isinstance(root, flags.Error):
-    return message
-  return f"--config: {type(root).__name__}: {message}"
+  """absl's parsing, but a bad flag or config file is one line and exit status 2
+  (`errors.parse_flags`); the workdir's config is the default (`with_workdir_config`)."""
+  return parse_flags_lib(with_import_base(workdir_lib.with_workdir_config(argv)))
 
 
 class _OwnInfoOnly(std_logging.Filter):
@@ -140,12 +122,7 @@ def main(argv: list[str]) -> None:
   logging.get_absl_handler().addFilter(_OwnInfoOnly())
   if len(argv) > 1:
     fail(f"unexpected arguments {' '.join(argv[1:])!r}; fields are set with --config.field=value")
-  try:
-    config = _CONFIG.value
-    if config is not None:
-      config.keys()  # the file is loaded lazily, on first access
-  except Exception as e:  # noqa: BLE001 - a config file that is missing or fails to load
-    fail(_config_error(e, sys.argv))
+  config = _CONFIG.value
   if config is None and _MODE.value == "import":
     fail(f"--mode=import needs --config, the base of the fields that are not the model's "
          f"(e.g. {IMPORT_BASE} of the repository)")
@@ -181,37 +158,11 @@ def main(argv: list[str]) -> None:
     # Offline, gcsfs retries an unreachable bucket for minutes: ask the service once first.
     storage.check_reachable({"--workdir": workdir, "--config": config.to_dict(),
                              "TFDS_DATA_DIR": os.environ.get("TFDS_DATA_DIR")})
-    if _MODE.value == "train":
-      _train(config, workdir)
-      return
-    from transformer import modes
-
-    if _MODE.value == "import":
-      modes.import_model(config, workdir, _SOURCE.value)
-      return
-    from transformer.infer import parse_checkpoint
-    from transformer.validate import validate
-
-    saved = workdir_config.load(workdir)
-    if saved is not None:
-      workdir_config.check_same(saved, config)
-    validate(config, jax.device_count())
-    if parse_checkpoint(_CHECKPOINT.value) is not None and _MODE.value == "average":
-      raise UserError(f"--checkpoint={_CHECKPOINT.value}: --mode=average evaluates the mean of "
-                      "the newest --average=N checkpoints; --checkpoint is for translate, score "
-                      "and export")
-    if _MODE.value == "translate":
-      modes.translate_corpus(config, workdir, _INPUT.value, _OUTPUT.value, nbest=_NBEST.value,
-                             output_format=_OUTPUT_FORMAT.value, average=_AVERAGE.value,
-                             checkpoint=_CHECKPOINT.value)
-    elif _MODE.value == "score":
-      modes.score_corpus(config, workdir, _INPUT.value, _OUTPUT.value, average=_AVERAGE.value,
-                         checkpoint=_CHECKPOINT.value)
-    elif _MODE.value == "export":
-      modes.export_model(config, workdir, _FORMAT.value, _OUTPUT.value, _AVERAGE.value,
-                         _QUANTIZATION.value, checkpoint=_CHECKPOINT.value)
-    else:
-      modes.average_and_evaluate(config, workdir, _AVERAGE.value)
+    request = modes.Request(
+      input=_INPUT.value, output=_OUTPUT.value, nbest=_NBEST.value,
+      output_format=_OUTPUT_FORMAT.value, checkpoint=_CHECKPOINT.value, average=_AVERAGE.value,
+      format=_FORMAT.value, quantization=_QUANTIZATION.value, source=_SOURCE.value)
+    modes.MODES[_MODE.value](config, workdir, request)
   except UserError as e:
     fail(str(e))
   except FloatingPointError as e:
@@ -224,30 +175,6 @@ def _variant_suffix() -> str:
   arg = FLAGS["config"].serialize()  # e.g. --config=configs/wmt.py:big
   value = arg.split("=", 1)[-1]
   return ":" + value.split(":", 1)[1] if ":" in value else ""
-
-
-def _train(config, workdir: str) -> None:
-  from transformer.train import train_and_evaluate
-
-  result = train_and_evaluate(config, workdir)
-  if result.get("interrupted"):
-    print(f"Interrupted by {result['interrupted']} at step {result['step']}; checkpoint saved. "
-          "Run the same command again to continue.", flush=True)
-    return
-  import jax
-
-  if jax.process_index() != 0:
-    return
-  from transformer.evaluators import Result, format_result
-
-  if result.get("stopped_early"):
-    print(f"\nStopped early at step {result['step']}: {result['stopped_early']}")
-  print(f"\nStep {result['step']}, evaluating the parameters: {result['evaluated']}")
-  metrics = {k: v for k, v in result.items() if isinstance(v, float) and "/" in k}
-  print(format_result(Result(metrics, result["signatures"])))
-  for src, hyp, ref in result["samples"]:
-    print(f"  source:      {src}\n  translation: {hyp}\n  reference:   {ref}\n")
-  print(f"Metrics: {os.path.join(workdir, 'metrics.jsonl')}", flush=True)
 
 
 def run() -> None:

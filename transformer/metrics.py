@@ -17,6 +17,7 @@ import jax
 import numpy as np
 
 from transformer import storage
+from transformer import workdir as workdir_lib
 
 
 def summarize(sums: dict[str, float], prefix: str) -> dict[str, float]:
@@ -42,8 +43,8 @@ class MetricWriter:
 
   def __init__(self, workdir: str | os.PathLike, tensorboard: bool = True):
     self.active = jax.process_index() == 0
-    self.path = storage.as_path(workdir) / "metrics.jsonl"
-    self._tb_dir = storage.as_path(workdir) / "tb"
+    self.path = workdir_lib.paths(workdir).metrics
+    self._tb_dir = workdir_lib.paths(workdir).tensorboard
     self._tensorboard = tensorboard
     self._tb = None
     self._tb_local: str | None = None
@@ -106,7 +107,7 @@ class MetricWriter:
 
 def read_metrics(workdir: str | os.PathLike) -> list[dict[str, Any]]:
   """All records of `<workdir>/metrics.jsonl`."""
-  path = storage.as_path(workdir) / "metrics.jsonl"
+  path = workdir_lib.paths(workdir).metrics
   if not path.exists():
     return []
   return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]

@@ -1,55 +1,116 @@
-"""The translate, score, average, export and import modes of the main program.
+"""The modes of the main program, one function each, in one table (`MODES`, as t5x's main.py).
 
-translate and score: a corpus, read in chunks, from the newest checkpoint (or a given step,
-or the average of the last N); formats, awkward input and resume in transformer/corpus.py.
+Every mode is `mode(config, workdir, request)`: `request` holds the command line's flags that
+modes read. The heavy imports happen inside each mode, so the table costs nothing to import.
 
-export: the newest checkpoint (or the average of the last N) as a CTranslate2 model, see
-transformer/export.py.
+  train      train, evaluate, checkpoint; resume the workdir (transformer/training/train.py)
+  translate  a corpus, read in chunks, with n-best lists, sampling, jsonl; resumable output
+             (transformer/decoding/files.py)
+  score      log p(target | source) of every `source<TAB>target` line
+  average    the mean of the newest N checkpoints, evaluated by the config's evaluators
+  export     the chosen parameters as a CTranslate2 model (transformer/interop/export.py)
+  import     an OPUS-MT (Marian) model directory as a new workdir (transformer/interop/marian.py)
 
-import: an OPUS-MT (Marian) model directory as a new workdir, see transformer/marian.py.
+translate, score and export use the parameters that `--checkpoint` and `--average` choose
+(`workdir.choose`: the newest checkpoint, the best, a step, or an average).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 from typing import Any
 
-import jax
-
-from transformer import corpus
-from transformer import sharding as sharding_lib
-from transformer.checkpoint import Checkpointer
+from transformer import workdir as workdir_lib
 from transformer.errors import UserError
-from transformer.infer import restore
-from transformer.translate import Search
 
 
-def translate_corpus(config: Any, workdir: str, input_path: str | None,
-                     output_path: str | None, *, nbest: int = 1, output_format: str = "text",
-                     average: int | None = None, checkpoint: str | None = None) -> None:
-  """`--mode=translate`: `input_path` (or stdin) to `output_path` (or stdout), in chunks;
-  transformer/corpus.py documents the formats and the resume."""
+@dataclasses.dataclass(frozen=True)
+class Request:
+  """The flags of the main program that modes read (see transformer/main.py for each)."""
+
+  input: str | None = None
+  output: str | None = None
+  nbest: int = 1
+  output_format: str = "text"
+  checkpoint: str = workdir_lib.LATEST
+  average: int | None = None
+  format: str | None = None
+  quantization: str | None = None
+  source: str | None = None
+
+
+def check_workdir_config(config: Any, workdir: str) -> None:
+  """Before an inference mode: the config's model and data fields are the workdir's, and every
+  field is valid."""
+  import jax
+
+  from transformer.training.validate import check_same, validate
+
+  saved = workdir_lib.load(workdir)
+  if saved is not None:
+    check_same(saved, config)
+  validate(config, jax.device_count())
+
+
+def train(config: Any, workdir: str, request: Request) -> None:
+  """`--mode=train`: trains (or resumes), then prints the final evaluation and samples."""
+  import jax
+
+  from transformer.training.evaluators import Result, format_result
+  from transformer.training.train import train_and_evaluate
+
+  result = train_and_evaluate(config, workdir)
+  if result.get("interrupted"):
+    print(f"Interrupted by {result['interrupted']} at step {result['step']}; checkpoint saved. "
+          "Run the same command again to continue.", flush=True)
+    return
+  if jax.process_index() != 0:
+    return
+  if result.get("stopped_early"):
+    print(f"\nStopped early at step {result['step']}: {result['stopped_early']}")
+  print(f"\nStep {result['step']}, evaluating the parameters: {result['evaluated']}")
+  metrics = {k: v for k, v in result.items() if isinstance(v, float) and "/" in k}
+  print(format_result(Result(metrics, result["signatures"])))
+  for src, hyp, ref in result["samples"]:
+    print(f"  source:      {src}\n  translation: {hyp}\n  reference:   {ref}\n")
+  print(f"Metrics: {workdir_lib.paths(workdir).metrics}", flush=True)
+
+
+def translate(config: Any, workdir: str, request: Request) -> None:
+  """`--mode=translate`: `--input` (or stdin) to `--output` (or stdout), in chunks;
+  transformer/decoding/files.py documents the formats and the resume."""
+  from transformer import infer
+  from transformer.decoding import files
+  from transformer.decoding.translate import Search
+
+  check_workdir_config(config, workdir)
   search = Search.from_config(config.decode)
-  corpus.check_request("translate", nbest, output_format, search, input_path, output_path)
-  model = restore(config, workdir, average, checkpoint)
-  settings = {"mode": "translate", "nbest": nbest, "format": output_format,
+  files.check_request("translate", request.nbest, request.output_format, search, request.input,
+                      request.output)
+  model = infer.restore(config, workdir, request.average, request.checkpoint)
+  settings = {"mode": "translate", "nbest": request.nbest, "format": request.output_format,
               "parameters": model.label, "search": dataclasses.asdict(search),
-              **_input_identity(input_path)}
-  corpus.translate_corpus(corpus.CorpusRun(model, input_path, output_path, settings), config,
-                          nbest, output_format)
+              **_input_identity(request.input)}
+  files.translate_corpus(files.CorpusRun(model, request.input, request.output, settings), config,
+                         request.nbest, request.output_format)
 
 
-def score_corpus(config: Any, workdir: str, input_path: str | None, output_path: str | None,
-                 *, average: int | None = None, checkpoint: str | None = None) -> None:
-  """`--mode=score`: log p(target | source) of every `source<TAB>target` line of `input_path`."""
-  corpus.check_request("score", 1, "jsonl", Search.from_config(config.decode), input_path,
-                       output_path)
-  total = corpus.check_score_input(input_path)
-  model = restore(config, workdir, average, checkpoint)
-  settings = {"mode": "score", "parameters": model.label, **_input_identity(input_path)}
-  corpus.score_corpus(corpus.CorpusRun(model, input_path, output_path, settings), config,
-                      total)
+def score(config: Any, workdir: str, request: Request) -> None:
+  """`--mode=score`: log p(target | source) of every `source<TAB>target` line of `--input`."""
+  from transformer import infer
+  from transformer.decoding import files
+  from transformer.decoding.translate import Search
+
+  check_workdir_config(config, workdir)
+  files.check_request("score", 1, "jsonl", Search.from_config(config.decode), request.input,
+                      request.output)
+  total = files.check_score_input(request.input)
+  model = infer.restore(config, workdir, request.average, request.checkpoint)
+  settings = {"mode": "score", "parameters": model.label, **_input_identity(request.input)}
+  files.score_corpus(files.CorpusRun(model, request.input, request.output, settings), config,
+                     total)
 
 
 def _input_identity(input_path: str | None) -> dict[str, Any]:
@@ -61,67 +122,89 @@ def _input_identity(input_path: str | None) -> dict[str, Any]:
           "input_mtime_ns": stat.st_mtime_ns}
 
 
-def average_and_evaluate(config: Any, workdir: str, average: int | None) -> None:
-  """Averages the last N checkpoints, then runs the config's evaluators on them.
+def average(config: Any, workdir: str, request: Request) -> None:
+  """`--mode=average`: averages the newest N checkpoints, then runs the config's evaluators.
 
   Metrics go to `metrics.jsonl` at the newest step with the prefix `average_` (e.g.
   `average_eval/loss`, `average_test/bleu`), translations to
   `translations/average_{validation,test}_<step>.txt`.
   """
-  from transformer import evaluators
-  from transformer.data import input_pipeline
-  from transformer.metrics import MetricWriter
-  from transformer.translate import Translator
+  import jax
 
-  n = average or config.average_last_checkpoints
+  from transformer import infer
+  from transformer import sharding as sharding_lib
+  from transformer.data import bucketing, input_pipeline
+  from transformer.decoding.translate import Translator
+  from transformer.metrics import MetricWriter
+  from transformer.training import evaluators
+
+  check_workdir_config(config, workdir)
+  if workdir_lib.parse_checkpoint(request.checkpoint) != workdir_lib.LATEST:
+    raise UserError(f"--checkpoint={request.checkpoint}: --mode=average evaluates the mean of "
+                    "the newest --average=N checkpoints; --checkpoint is for translate, score "
+                    "and export")
+  n = request.average or config.average_last_checkpoints
   if n < 2:
     raise UserError("--mode=average needs --average=N with N >= 2")
-  model = restore(config, workdir, n)
-  buckets = input_pipeline.workdir_buckets(config, workdir)
+  model = infer.restore(config, workdir, n)
+  buckets = bucketing.workdir_buckets(config, workdir)
+  layout = model.layout
   batches, references = input_pipeline.evaluation_data(
     config, input_pipeline.open_reader(config), model.tokenizer,
-    sharding_lib.data_parallel_size(model.trainer.mesh), process_index=jax.process_index(),
+    sharding_lib.data_parallel_size(layout.mesh), process_index=jax.process_index(),
     process_count=jax.process_count(), buckets=buckets)
-  step = Checkpointer(os.path.join(workdir, "checkpoints"), None,
-                      async_save=False).latest_step() or 0
-  trainer = model.trainer
   context = evaluators.Context(
-    trainer, lambda decode: Translator(trainer.model_config, decode, trainer.mesh,
-                                       trainer.state_shardings.params, buckets),
+    layout, lambda decode: Translator(layout.model_config, decode, layout.mesh,
+                                      layout.param_shardings, buckets),
     model.tokenizer, batches, references, workdir, config)
   evals = evaluators.build(evaluators.of_config(config), context)
-  result = evaluators.run_all(evals, model.params, step, tag="average_")
-  MetricWriter(workdir, tensorboard=False).write(step, result.metrics)
+  result = evaluators.run_all(evals, model.params, model.step, tag="average_")
+  MetricWriter(workdir, tensorboard=False).write(model.step, result.metrics)
   print(f"{model.label}:\n{evaluators.format_result(result)}", flush=True)
 
 
-def export_model(config: Any, workdir: str, fmt: str | None, output: str | None,
-                 average: int | None, quantization: str | None = None,
-                 checkpoint: str | None = None) -> None:
-  """Writes the checkpoint (or the average of the last N) to `output` in format `fmt`.
+def export(config: Any, workdir: str, request: Request) -> None:
+  """`--mode=export`: the chosen parameters written to `--output` in `--format`.
 
-  The request is checked before anything is restored; an existing non-empty `output` is
+  The request is checked before anything is restored; an existing non-empty `--output` is
   refused, so nothing is overwritten.
   """
-  from transformer import export
-  from transformer.validate import model_config
+  import jax
 
-  export.check_request(fmt, output, quantization, model_config(config))
-  model = restore(config, workdir, average, checkpoint)
+  from transformer import infer
+  from transformer.interop import export as export_lib
+  from transformer.training.validate import model_config
+
+  check_workdir_config(config, workdir)
+  export_lib.check_request(request.format, request.output, request.quantization,
+                           model_config(config))
+  model = infer.restore(config, workdir, request.average, request.checkpoint)
   if jax.process_index() == 0:
-    export.export_restored(model, output, quantization)
-    print(f"exported the parameters of {model.label} to {output} ({fmt}"
-          f"{', ' + quantization if quantization else ''})", flush=True)
+    export_lib.export_restored(model, request.output, request.quantization)
+    print(f"exported the parameters of {model.label} to {request.output} ({request.format}"
+          f"{', ' + request.quantization if request.quantization else ''})", flush=True)
 
 
-def import_model(config: Any, workdir: str, source: str | None) -> None:
+def import_model(config: Any, workdir: str, request: Request) -> None:
   """`--mode=import --source=DIR`: the Marian (OPUS-MT) model of DIR as a new workdir, its
-  training and decoding fields from `config` (transformer/marian.py)."""
-  from transformer import marian
+  training and decoding fields from `config` (transformer/interop/marian.py)."""
+  import jax
 
-  if not source:
+  from transformer.interop import marian
+
+  if not request.source:
     raise UserError("--mode=import needs --source=DIR, a Hugging Face Marian model directory "
                     "(config.json, model.safetensors, source.spm, target.spm, vocab.json)")
-  summary = marian.import_model(config, source, workdir)
+  summary = marian.import_model(config, request.source, workdir)
   if jax.process_index() == 0:
     print(summary, flush=True)
+
+
+MODES: dict[str, Callable[[Any, str, Request], None]] = {
+  "train": train,
+  "translate": translate,
+  "score": score,
+  "average": average,
+  "export": export,
+  "import": import_model,
+}

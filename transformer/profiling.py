@@ -23,6 +23,7 @@ import jax
 from absl import logging
 
 from transformer import storage
+from transformer import workdir as workdir_lib
 
 
 def parse_steps(text: str) -> tuple[int, int] | None:
@@ -53,7 +54,7 @@ class Profiler:
   def __init__(self, steps: str, workdir: str | os.PathLike):
     window = parse_steps(steps)
     self.first, self.last = window or (0, -1)
-    self.directory = storage.as_path(workdir) / "profile"
+    self.directory = workdir_lib.paths(workdir).profile
     self._local: str | None = None  # where the running trace is written
     self._done = window is None
 

@@ -203,7 +203,8 @@ class WorkdirLockedError(UserError):
 
 
 class WorkdirLock:
-  """One live training run per workdir: `<workdir>/.lock` names its owner.
+  """One live training run per workdir: its lock file (`path`, `workdir.Paths.lock`) names its
+  owner.
 
   The owner rewrites the file every `heartbeat` seconds. Another run refuses to start while
   the owner is alive: on the same host, while its pid exists; on another host, while the
@@ -212,9 +213,9 @@ class WorkdirLock:
   of two runs racing for a stale lock only the last writer proceeds.
   """
 
-  def __init__(self, workdir: PathLike, heartbeat: float = 20.0, stale_after: float = 90.0,
+  def __init__(self, path: PathLike, heartbeat: float = 20.0, stale_after: float = 90.0,
                settle: float = 0.5):
-    self.path = as_path(workdir) / ".lock"
+    self.path = as_path(path)
     self.heartbeat = heartbeat
     self.stale_after = stale_after
     self.settle = settle

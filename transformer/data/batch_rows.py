@@ -1,7 +1,7 @@
 """Rows of a global batch: the plan's rows rounded up to the devices the batch is split over,
 and each process's share of them.
 
-Shared by the bucketed (input_pipeline.TrainBatches, evaluation batches) and the packed
+Shared by the bucketed (bucketing.TrainBatches, evaluation batches) and the packed
 (packing.PackedBatches) plans, which add the extra rows as all-zero padding rows.
 """
 

@@ -8,7 +8,7 @@ unknown 2 (data/tokenizer.py), so the ids are rotated by one:
     our_id = (marian_id + 1) % V
 
 which takes `<pad>` to 0, `</s>` to 1 and `<unk>` to 2 and keeps every other piece in order
-(transformer/marian.py rolls the embedding rows and the logits bias the same way).
+(transformer/interop/marian.py rolls the embedding rows and the logits bias the same way).
 
 Text is encoded as transformers' MarianTokenizer (5.x) encodes it: the special tokens `</s>`,
 `<unk>`, `<pad>` written in the text stay single tokens; in each stretch between them a leading

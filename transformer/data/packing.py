@@ -39,6 +39,7 @@ import numpy as np
 from transformer.data import plan_cache
 from transformer.data.batch_rows import check_process, padded_rows, process_rows
 from transformer.data.errors import DataError
+from transformer.data.plan_cache import AUTO
 from transformer.data.token_cache import TokenizedSplit
 
 PACKING_KEYS = ("inputs_segment_ids", "inputs_position", "targets_segment_ids",
@@ -56,7 +57,6 @@ def packing_kwargs(batch: dict[str, Any]) -> dict[str, Any]:
   return {k: batch[k] for k in PACKING_KEYS if k in batch}
 
 
-AUTO = "auto"
 LENGTH_MULTIPLE = 8
 
 
@@ -214,7 +214,7 @@ def assemble(flat: np.ndarray, offsets: np.ndarray, examples: np.ndarray, row: n
 class PackedBatches:
   """Packed training batches as a pure function of (config.seed, step); see the module doc.
 
-  The same interface as `input_pipeline.TrainBatches` (`batch`, `steps_per_epoch`, `shapes`,
+  The same interface as `bucketing.TrainBatches` (`batch`, `steps_per_epoch`, `shapes`,
   `real_token_fraction`, `num_examples`, `num_dropped`), and the same device independence: the
   plan packs R rows whatever the devices, padding rows are added after.
 

@@ -36,6 +36,10 @@ from absl import logging
 
 from transformer import storage
 
+# The config value of a length (`data.bucket_lengths`, `data.packed_source_len`, ...) that asks
+# for lengths derived from the training split's, kept here beside the token cache.
+AUTO = "auto"
+
 FORMAT = 1
 _EPOCH = re.compile(r"^epoch-(\d+)$")
 

@@ -38,6 +38,7 @@ from absl import logging
 from etils import epath
 
 from transformer import storage
+from transformer import workdir as workdir_lib
 from transformer.data.errors import DataError
 from transformer.data.tfds_io import Chunk
 from transformer.data.tokenizer import SOURCE, Tokenizer
@@ -163,8 +164,10 @@ def cache_key(fingerprint: str, split: str, vocab_sha256: str) -> str:
 
 
 def cache_root(config: Any, workdir: str) -> epath.Path:
-  root = config.data.get("cache_dir") or os.path.join(os.fspath(workdir), "cache")
-  return storage.as_path(root)
+  """`data.cache_dir`, else the workdir's `cache/`."""
+  if config.data.get("cache_dir"):
+    return storage.as_path(config.data.cache_dir)
+  return workdir_lib.paths(workdir).cache
 
 
 def _complete(directory: epath.Path) -> bool:

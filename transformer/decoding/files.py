@@ -45,9 +45,9 @@ import numpy as np
 
 from transformer import storage
 from transformer.data.tokenizer import SOURCE, TARGET, truncate
+from transformer.decoding.translate import Hypothesis
 from transformer.errors import UserError
 from transformer.metrics import format_duration
-from transformer.translate import Hypothesis
 
 FORMATS = ("text", "jsonl")
 

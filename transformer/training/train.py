@@ -14,179 +14,28 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Iterable, Sequence
 from typing import Any
 
-import flax.linen as nn
 import jax
-import jax.numpy as jnp
-import numpy as np
 from absl import logging
 
-from transformer import compilation, evaluators, finetune, hardware, storage, workdir_config
+from transformer import compilation, hardware, storage
 from transformer import sharding as sharding_lib
-from transformer.best_checkpoint import BestCheckpoint, Tracker, log_improvement
-from transformer.checkpoint import Checkpointer, average_params, check_meta, run_meta
-from transformer.data import input_pipeline
+from transformer import workdir as workdir_lib
+from transformer.data import bucketing, input_pipeline
+from transformer.data.prefetch import Prefetcher
+from transformer.decoding.translate import Translator
 from transformer.errors import ConfigError
 from transformer.metrics import MetricWriter, format_duration, summarize
-from transformer.model import ModelConfig
-from transformer.model_family import build_model, count_params
-from transformer.prefetch import Prefetcher
+from transformer.nn.model import ModelConfig
+from transformer.nn.model_family import count_params
 from transformer.profiling import Profiler
-from transformer.schedules import learning_rate_schedule
-from transformer.train_state import (
-  TrainState,
-  create_train_state,
-  make_eval_step,
-  make_optimizer,
-  make_train_step,
-  optimizer_value,
-)
-from transformer.translate import Translator
-from transformer.validate import validate
-
-
-class Trainer:
-  """Model, optimiser, mesh and the jitted, sharded init / train / eval functions."""
-
-  def __init__(self, config: Any, mesh: jax.sharding.Mesh, model_config: ModelConfig):
-    self.config = config
-    self.mesh = mesh
-    self.model_config = model_config
-    self.model = build_model(model_config)
-    # The schedule, built once: the optimiser follows it and the metrics log it.
-    self.learning_rate_fn = learning_rate_schedule(config)
-    self.tx = make_optimizer(config, self.learning_rate_fn)
-    ema_decay = optimizer_value(config, "ema_decay")
-    self.rules = sharding_lib.rules(config)
-
-    def init_boxed(rng):
-      dummy = jnp.ones((1, 8), jnp.int32)
-      params = self.model.init({"params": rng}, dummy, dummy)["params"]
-      # Boxed parameters: the optimiser state and the average get their logical axes too.
-      return create_train_state(params, self.tx, ema=ema_decay > 0)
-
-    with self.context():
-      abstract = jax.eval_shape(init_boxed, jax.random.key(0))
-      self.state_shardings = sharding_lib.logical_shardings(abstract, mesh, self.rules)
-    self.abstract_state = jax.tree.map(
-      lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-      nn.unbox(abstract), self.state_shardings,
-    )
-    replicated = sharding_lib.replicated(mesh)
-    batch = sharding_lib.batch_sharding(mesh)
-    self._init = jax.jit(lambda rng: nn.unbox(init_boxed(rng)),
-                         out_shardings=self.state_shardings)
-    self._train_step = jax.jit(
-      make_train_step(self.model, self.tx, config.label_smoothing, config.grad_accum_steps,
-                      ema_decay),
-      in_shardings=(self.state_shardings, batch, replicated),
-      out_shardings=(self.state_shardings, replicated),
-      donate_argnums=0,
-    )
-    self._eval_step = jax.jit(
-      make_eval_step(self.model, config.label_smoothing),
-      in_shardings=(self.state_shardings.params, batch), out_shardings=replicated,
-    )
-    # Programs compiled ahead of time (`precompile`), by `shape_key` of their batch.
-    self._compiled_train: dict[tuple, Any] = {}
-    self._compiled_eval: dict[tuple, Any] = {}
-
-  @contextlib.contextmanager
-  def context(self):
-    """Mesh and logical-axis rules, so the model's sharding constraints resolve."""
-    with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
-      yield
-
-  def init_state(self, seed: int) -> TrainState:
-    with self.context():
-      return self._init(jax.random.key(seed))
-
-  def train_step(self, state: TrainState, batch: dict[str, jax.Array], rng: jax.Array):
-    """One step: the program `precompile` made for this batch shape, else the jitted step."""
-    compiled = self._compiled_train.get(shape_key(batch))
-    if compiled is not None:
-      return compiled(state, batch, rng)
-    with self.context():
-      return self._train_step(state, batch, rng)
-
-  def eval_step(self, params: Any, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
-    compiled = self._compiled_eval.get(shape_key(batch))
-    if compiled is not None:
-      return compiled(params, batch)
-    with self.context():
-      return self._eval_step(params, batch)
-
-  def lower_train_step(self, batch_shapes: dict[str, jax.ShapeDtypeStruct]):
-    """The lowered step for given batch shapes (for compile time and memory analysis)."""
-    with self.context():
-      return self._train_step.lower(self.abstract_state, batch_shapes,
-                                    jax.ShapeDtypeStruct((), jax.random.key(0).dtype))
-
-  def lower_eval_step(self, batch_shapes: dict[str, jax.ShapeDtypeStruct]):
-    with self.context():
-      return self._eval_step.lower(self.abstract_state.params, batch_shapes)
-
-  def batch_spec(self, shape: Sequence[int]) -> dict[str, jax.ShapeDtypeStruct]:
-    """The global batch of a `TrainBatches.shapes()` entry, as sharded int32 shapes.
-
-    shape: (rows, length) of bucketed rows: 'inputs' and 'targets' [rows, length]; or (rows,
-    source length, target length) of packed rows, with the segment and position keys
-    (`data.packing.PACKING_KEYS`) of each side.
-    """
-    rows, *lengths = shape
-    source, target = (lengths * 2)[:2]
-    keys = {"inputs": source, "targets": target}
-    if len(lengths) == 2:
-      keys.update({f"{side}_{what}": keys[side] for side in ("inputs", "targets")
-                   for what in ("segment_ids", "position")})
-    sharding = sharding_lib.batch_sharding(self.mesh)
-    return {k: jax.ShapeDtypeStruct((rows, n), jnp.int32, sharding=sharding)
-            for k, n in keys.items()}
-
-  def precompile(self, train_shapes: Iterable[Sequence[int]],
-                 eval_shapes: Iterable[Sequence[int]] = (),
-                 threads: int | None = None) -> dict[tuple, Any]:
-    """Compiles the training step for every batch shape in `train_shapes` and the evaluation
-    step for every (rows, length) in `eval_shapes` (global rows), before the first step, in
-    `threads` threads (default: `compilation.compile_threads`); the steps then run these
-    programs (see `train_step`). Returns the training step's programs by `shape_key` (e.g. for
-    their memory analysis)."""
-    train = {shape_key(spec): spec for spec in map(self.batch_spec, train_shapes)}
-    evals = {shape_key(spec): spec for spec in map(self.batch_spec, eval_shapes)}
-    lowered = {f"training step, {_shape_label(spec)}": (lambda s=spec: self.lower_train_step(s))
-               for spec in train.values()}
-    lowered.update({f"evaluation step, {_shape_label(spec)}":
-                    (lambda s=spec: self.lower_eval_step(s)) for spec in evals.values()})
-    compiled = compilation.compile_all(lowered, threads)
-    for key, spec in train.items():
-      self._compiled_train[key] = compiled[f"training step, {_shape_label(spec)}"]
-    for key, spec in evals.items():
-      self._compiled_eval[key] = compiled[f"evaluation step, {_shape_label(spec)}"]
-    return {key: self._compiled_train[key] for key in train}
-
-  def learning_rate(self, step: int) -> float:
-    """The learning rate of the update after `step` updates (`learning_rate_fn`)."""
-    return float(self.learning_rate_fn(step))
-
-
-def shape_key(batch: dict[str, Any]) -> tuple:
-  """What a compiled step depends on in a batch: its keys, global shapes and dtypes."""
-  return tuple(sorted((k, tuple(v.shape), str(v.dtype)) for k, v in batch.items()))
-
-
-def _shape_label(spec: dict[str, jax.ShapeDtypeStruct]) -> str:
-  """'batch ROWS x LENGTH' (packed: 'ROWS x SOURCE / TARGET') of a batch spec, for the log."""
-  rows, source = spec["inputs"].shape
-  target = spec["targets"].shape[1]
-  return f"batch {rows} x {source}" + (f" / {target}" if "inputs_position" in spec else "")
-
-
-def eval_shapes(batches: Iterable[dict[str, np.ndarray]]) -> list[tuple[int, int]]:
-  """The global (rows, length) of this process's evaluation batches, each once."""
-  return sorted({(b["inputs"].shape[0] * jax.process_count(), b["inputs"].shape[1])
-                 for b in batches})
+from transformer.training import evaluators, finetune, parameters
+from transformer.training.best_checkpoint import BestCheckpoint, Tracker, log_improvement
+from transformer.training.checkpoint import Checkpointer, check_meta, run_meta
+from transformer.training.train_state import TrainState, optimizer_value
+from transformer.training.trainer import Trainer, eval_shapes
+from transformer.training.validate import validate
 
 
 class _StopSignal:
@@ -315,20 +164,21 @@ def restore_or_init(trainer: Trainer, checkpointer: Checkpointer, meta: dict[str
   return trainer.init_state(config.seed)
 
 
-def evaluation_params(config: Any, trainer: Trainer, checkpointer: Checkpointer,
-                      params: Any, best: BestCheckpoint | None = None) -> tuple[Any, str]:
+def evaluation_params(config: Any, trainer: Trainer, workdir: str, params: Any,
+                      meta: dict[str, Any], keeps_best: bool) -> tuple[Any, str]:
   """The parameters the final evaluation uses and what they are: the mean of the last
   `average_last_checkpoints` checkpoints (section 6.1) when that is 2 or more; else the best
-  checkpoint's, when the run keeps one; else `params`."""
+  checkpoint's, when the run keeps one; else `params` (the final step's)."""
   if config.average_last_checkpoints > 1:
-    steps = checkpointer.all_steps()[-config.average_last_checkpoints:]
-    logging.info("Evaluating the average of the checkpoints of steps %s", steps)
-    return average_params(checkpointer, steps, trainer.abstract_state), f"average of {steps}"
-  if best is not None and (step := best.step()) is not None:
-    logging.info("Evaluating the best checkpoint, of step %d", step)
-    state = best.checkpointer.restore(step, trainer.abstract_state)
-    return state.eval_params, f"best, step {step}"
-  return params, "final"
+    choice = workdir_lib.choose(average=config.average_last_checkpoints)
+  elif keeps_best and parameters.has_best(workdir):
+    choice = workdir_lib.choose(workdir_lib.BEST)
+  else:
+    return params, "final"
+  selected = parameters.select(workdir, choice)
+  logging.info("Evaluating the %s", selected.label)
+  ema = optimizer_value(config, "ema_decay") > 0
+  return parameters.restore(trainer.layout, selected, meta, ema=ema), selected.label
 
 
 def train_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
@@ -343,14 +193,15 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
   source = finetune.check_source(config, model_config) if config.get("init_from") else None
   workdir = os.fspath(storage.check_writable(workdir))
   if jax.process_index() == 0:
-    # The run's config, for every other mode (transformer/workdir_config.py).
-    workdir_config.save(config, workdir)
+    # The run's config, for every other mode (transformer/workdir.py).
+    workdir_lib.save(config, workdir)
     if source is not None:
       finetune.copy_vocabulary(source, workdir)
   if config.data.get("cache_dir"):
     storage.check_writable(config.data.cache_dir, "--config.data.cache_dir")
   compilation.use_persistent_cache(config.compilation_cache_dir)  # before the first compile
-  lock = storage.WorkdirLock(workdir) if jax.process_index() == 0 else contextlib.nullcontext()
+  lock = (storage.WorkdirLock(workdir_lib.paths(workdir).lock) if jax.process_index() == 0
+          else contextlib.nullcontext())
   # From here on SIGTERM / SIGINT (a preemption) stop the run at the next step, with a save.
   with lock, _StopSignal() as stop:
     return _train_and_evaluate(config, workdir, model_config, reader, stop, source)
@@ -368,10 +219,10 @@ def _train_and_evaluate(config: Any, workdir: str, model_config: ModelConfig,
     raise ConfigError(f"data.vocab_size={model_config.vocab_size} but {data.tokenizer.path} has "
                       f"{data.tokenizer.vocab_size} pieces; use a new --workdir")
   if jax.process_index() == 0:
-    input_pipeline.save_buckets(workdir, data.buckets)
+    bucketing.save_buckets(workdir, data.buckets)
   meta = run_meta(config, model_config, data.tokenizer.sha256)
   trainer = Trainer(config, mesh, model_config)
-  checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), config.keep_checkpoints)
+  checkpointer = Checkpointer(workdir_lib.paths(workdir).checkpoints, config.keep_checkpoints)
   tracker = Tracker.from_config(config)
   best = BestCheckpoint(workdir) if tracker is not None else None
   writer = None
@@ -385,8 +236,8 @@ def _train_and_evaluate(config: Any, workdir: str, model_config: ModelConfig,
     writer = MetricWriter(workdir)
     writer.truncate_after(step)
     context = evaluators.Context(
-      trainer, lambda decode: Translator(model_config, decode, mesh,
-                                         trainer.state_shardings.params, data.buckets),
+      trainer.layout, lambda decode: Translator(model_config, decode, mesh,
+                                                trainer.layout.param_shardings, data.buckets),
       data.tokenizer, data.eval, data.references, workdir, config)
     evals = evaluators.build(evaluators.of_config(config), context)
     logging.info("Model: %s parameters; mesh %s; batch shapes %s",
@@ -462,7 +313,8 @@ def _train_and_evaluate(config: Any, workdir: str, model_config: ModelConfig,
     ahead.close()
     save(step, state)
     checkpointer.wait()
-    params, label = evaluation_params(config, trainer, checkpointer, state.eval_params, best)
+    params, label = evaluation_params(config, trainer, workdir, state.eval_params, meta,
+                                      keeps_best=best is not None)
     final = evaluators.run_all(evals, params, step)
     writer.write(step, final.metrics)
     return {"interrupted": None, "step": step, "stopped_early": stopped_early,

@@ -16,16 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 from typing import Any
 
 from absl import logging
 
-from transformer.checkpoint import Checkpointer
-from transformer.errors import CheckpointError
+from transformer import workdir as workdir_lib
+from transformer.training.checkpoint import Checkpointer
 
 MODES = ("max", "min")
-DIRECTORY = "best"
 
 
 @dataclasses.dataclass
@@ -95,7 +93,7 @@ class BestCheckpoint:
   """
 
   def __init__(self, workdir: str):
-    self.checkpointer = Checkpointer(os.path.join(workdir, DIRECTORY), None, async_save=False)
+    self.checkpointer = Checkpointer(workdir_lib.paths(workdir).best, None, async_save=False)
 
   def save(self, step: int, state: Any, meta: dict[str, Any], tracker: Tracker) -> None:
     record = {"metric": tracker.metric, "mode": tracker.mode, "value": tracker.best_value}
@@ -126,18 +124,6 @@ class BestCheckpoint:
     self.checkpointer.close()
 
 
-def best_step_or_error(workdir: str) -> tuple[Checkpointer, int]:
-  """The checkpointer of `<workdir>/best` and its best step (for `--checkpoint=best`)."""
-  best = BestCheckpoint(workdir)
-  step = best.step()
-  if step is None:
-    best.close()
-    raise CheckpointError(
-      f"--checkpoint=best: no best checkpoint in {best.checkpointer.directory}; training "
-      "keeps one when config.best_checkpoint.metric is set (e.g. 'eval/bleu')")
-  return best.checkpointer, step
-
-
 def log_improvement(tracker: Tracker, step: int) -> None:
   logging.info("new best %s %.4f at step %d: saved in %s/", tracker.metric, tracker.best_value,
-               step, DIRECTORY)
+               step, workdir_lib.BEST)

@@ -45,17 +45,18 @@ import numpy as np
 from flax import traverse_util
 from ml_collections import config_dict
 
-from transformer import safetensors_reader, storage, workdir_config
 from transformer import sharding as sharding_lib
-from transformer.checkpoint import Checkpointer, run_meta
+from transformer import storage
+from transformer import workdir as workdir_lib
 from transformer.data import marian_tokenizer
-from transformer.data.input_pipeline import marian_vocab_path
 from transformer.data.marian_tokenizer import MarianTokenizer
 from transformer.errors import ConfigError, UserError
-from transformer.model import ModelConfig, sinusoidal_positions
-from transformer.train import Trainer
-from transformer.train_state import TrainState
-from transformer.validate import validate
+from transformer.interop import safetensors_reader
+from transformer.nn.model import ModelConfig, sinusoidal_positions
+from transformer.training.checkpoint import Checkpointer, run_meta
+from transformer.training.train_state import TrainState
+from transformer.training.trainer import Trainer
+from transformer.training.validate import validate
 
 CONFIG, GENERATION_CONFIG = "config.json", "generation_config.json"
 SAFETENSORS, TORCH_WEIGHTS = "model.safetensors", "pytorch_model.bin"
@@ -360,7 +361,7 @@ def workdir_config_of(base: config_dict.ConfigDict, source: MarianSource
   """The imported workdir's config: the Marian architecture in `model`, the vocabulary's size,
   corpus fields for fine-tuning on your own files in the model's languages (dataset 'text',
   data.train_files.<lang> unset), pad never decoded; every other field as in `base`."""
-  config = workdir_config.from_json(workdir_config.to_json(base))  # a plain, typed copy
+  config = workdir_lib.from_json(workdir_lib.to_json(base))  # a plain, typed copy
   src, tgt = source.source_lang, source.target_lang
   config.name = f"opus-mt-{src}-{tgt}"
   config.dataset = "text"
@@ -444,9 +445,9 @@ def import_model(base: config_dict.ConfigDict, source_dir: str, workdir: str) ->
   storage.check_writable(workdir)
   if jax.process_index() == 0:
     for name, data in source.tokenizer.files.items():
-      storage.write_atomic(os.path.join(marian_vocab_path(workdir), name), data)
-    workdir_config.save(config, workdir)
-  checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), config.keep_checkpoints,
+      storage.write_atomic(workdir_lib.paths(workdir).marian_vocab / name, data)
+    workdir_lib.save(config, workdir)
+  checkpointer = Checkpointer(workdir_lib.paths(workdir).checkpoints, config.keep_checkpoints,
                               async_save=False)
   try:
     # Written last: a workdir with a checkpoint is a complete one.

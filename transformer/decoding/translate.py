@@ -16,14 +16,14 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from transformer import bleu as bleu_lib
-from transformer import decode as decode_lib
-from transformer import model as model_lib
 from transformer import sharding as sharding_lib
 from transformer import storage
 from transformer.data.tokenizer import EOS_ID, PAD_ID, truncate
-from transformer.model import ModelConfig
-from transformer.model_family import build_model
+from transformer.decoding import bleu as bleu_lib
+from transformer.decoding import search as decode_lib
+from transformer.nn import model as model_lib
+from transformer.nn.model import ModelConfig
+from transformer.nn.model_family import build_model
 
 Array = jax.Array
 

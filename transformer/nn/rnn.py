@@ -1,4 +1,4 @@
-"""An LSTM encoder-decoder baseline with the interface of `transformer.model.Transformer`.
+"""An LSTM encoder-decoder baseline with the interface of `transformer.nn.model.Transformer`.
 
 Encoder: `num_layers` bidirectional LSTM layers (forward ceil(d/2) units, backward floor(d/2),
 concatenated to d), residual connections from the second layer on (Wu et al. 2016), padding
@@ -30,8 +30,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer import attention as attn_lib
-from transformer.model import ModelConfig, make_dropout, shift_right
+from transformer.nn import attention as attn_lib
+from transformer.nn.model import ModelConfig, make_dropout, shift_right
 
 Array = jax.Array
 Carry = tuple[Array, Array]  # (c, h), float32 [b, units] each
@@ -259,7 +259,7 @@ class LSTMDecoder(nn.Module):
 class LSTMSeq2Seq(nn.Module):
   """The LSTM encoder-decoder. `__call__(inputs, targets, train=False) -> logits [b, t, V]`.
 
-  Same methods as `transformer.model.Transformer` (`encode`, `decode_logits`, `decode`), so
+  Same methods as `transformer.nn.model.Transformer` (`encode`, `decode_logits`, `decode`), so
   training and decoding code can take either. Of the config it reads vocab_size, num_layers,
   d_model, dropout_rate, share_embeddings, dtype and lstm_attention; the attention and
   feed-forward fields are ignored.

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer.model import ModelConfig, Transformer
+from transformer.nn.model import ModelConfig, Transformer
 
 KINDS = ("transformer", "lstm")
 
@@ -24,7 +24,7 @@ def build_model(config: ModelConfig, incremental: bool = False) -> nn.Module:
   if config.kind == "transformer":
     return Transformer(config, incremental=incremental)
   if config.kind == "lstm":
-    from transformer.rnn import LSTMSeq2Seq
+    from transformer.nn.rnn import LSTMSeq2Seq
 
     return LSTMSeq2Seq(config, incremental=incremental)
   raise ValueError(f"model.kind must be one of {', '.join(KINDS)}, got {config.kind!r}")
@@ -50,7 +50,7 @@ def lstm_config_for_params(target_params: int, base: ModelConfig) -> ModelConfig
   ModelConfig do not affect the LSTM, but the config must still validate, so d_kv is
   pinned to base.head_dim when num_heads does not divide the chosen d_model.
   """
-  from transformer.rnn import closed_form_param_count
+  from transformer.nn.rnn import closed_form_param_count
 
   if target_params < 1:
     raise ValueError(f"target_params must be positive, got {target_params}")

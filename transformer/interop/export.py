@@ -1,6 +1,7 @@
 """Export of a trained Transformer to CTranslate2 (an optional extra: `pip install .[export]`).
 
-    from transformer import export, infer
+    from transformer.interop import export
+    from transformer import infer
     export.export_restored(infer.restore(config, "runs/numbers"), "exported/numbers")
 
 or `python -m transformer.main --config=... --workdir=... --mode=export --format=ctranslate2
@@ -21,7 +22,7 @@ What maps, and how:
     (the table is written out, so CTranslate2 uses exactly the project's positions), tied or
     separate embeddings (tied ones are written once and aliased), unrolled or scanned layers,
     the ReLU, swish or GELU activation, biases on the attention projections and on the
-    output logits (an imported OPUS-MT model has them: transformer/marian.py);
+    output logits (an imported OPUS-MT model has them: transformer/interop/marian.py);
   - embeddings are scaled by sqrt(d_model) on both sides (unless `model.scale_embeddings` is
     off); LayerNorm epsilon is `model.layer_norm_epsilon` (Flax's 1e-6 by default);
   - the decoder starts from id 0 (the padding id, as `shift_right` does): the exported config
@@ -36,9 +37,9 @@ What maps, and how:
     `decode.suppress_padding` does.
 Refused with a `ConfigError`: the LSTM baseline and a custom d_kv.
 
-Beam search differs in two ways from `transformer.decode.beam_search`: CTranslate2 keeps K live
-hypotheses by taking the top 2K extensions (the project's beam shrinks when an EOS enters its
-top K), and its length penalty is length ** alpha over the tokens without the EOS (the
+Beam search differs in two ways from `transformer.decoding.search.beam_search`: CTranslate2
+keeps K live hypotheses by taking the top 2K extensions (the project's beam shrinks when an EOS
+enters its top K), and its length penalty is length ** alpha over the tokens without the EOS (the
 project's is the GNMT ((5 + length) / 6) ** alpha with the EOS counted). Greedy decoding is
 the same; beam search gives the same best hypothesis when the model is confident, and is
 compared with the length penalty off in tests/test_export.py.
@@ -58,7 +59,7 @@ from transformer import storage
 from transformer.data import marian_tokenizer
 from transformer.data.marian_tokenizer import MarianTokenizer
 from transformer.errors import ConfigError, UserError
-from transformer.model import ModelConfig, sinusoidal_positions
+from transformer.nn.model import ModelConfig, sinusoidal_positions
 
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 FORMATS = ("ctranslate2",)

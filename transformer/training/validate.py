@@ -10,6 +10,7 @@ what a run can allocate, the mesh against the devices.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import re
@@ -17,24 +18,27 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
-from transformer import attention as attn_lib
-from transformer import dropout as dropout_lib
-from transformer import evaluators, profiling
+from ml_collections import config_dict
+
+from transformer import profiling
 from transformer import sharding as sharding_lib
+from transformer import workdir as workdir_lib
 from transformer.data import numbers
-from transformer.data.input_pipeline import BUCKET_MULTIPLE
+from transformer.data.bucketing import BUCKET_MULTIPLE
+from transformer.data.plan_cache import AUTO
+from transformer.decoding.translate import METHODS
 from transformer.errors import ConfigError, show
-from transformer.model import ACTIVATIONS, DTYPES, POSITIONAL, REMAT_POLICIES, ModelConfig
-from transformer.model_family import KINDS
+from transformer.nn import attention as attn_lib
+from transformer.nn import dropout as dropout_lib
+from transformer.nn.model import ACTIVATIONS, DTYPES, POSITIONAL, REMAT_POLICIES, ModelConfig
+from transformer.nn.model_family import KINDS
 from transformer.schedules import NEED_WARMUP, SCHEDULES
-from transformer.translate import METHODS
+from transformer.training import best_checkpoint, evaluators
 
 # Besides these, `dataset` may be any TFDS builder name (checked against TFDS when the data
 # is opened, transformer/data/corpora.py).
 DATASETS = ("numbers", "wmt14", "text")
 NONFINITE = ("skip", "stop")
-BEST_MODES = ("max", "min")
-AUTO = "auto"
 
 # Upper limits of sizes: far above any run this code is meant for, so that only a typo or a
 # wrong unit meets them, and low enough that what they size can be allocated.
@@ -224,7 +228,7 @@ _FILES = Check(
 )
 
 
-# Every field of ModelConfig (transformer/model.py); `model_config` checks these.
+# Every field of ModelConfig (transformer/nn/model.py); `model_config` checks these.
 MODEL_FIELDS: dict[str, Check] = {
   "model.vocab_size": integer(1, MAX_VOCAB, optional=True),
   "model.num_layers": integer(1, MAX_LAYERS, optional=True),
@@ -310,7 +314,7 @@ FIELDS: dict[str, Check] = {
   "average_last_checkpoints": integer(0, MAX_COUNT),
   "best_checkpoint.metric": text(None, "a metric of an evaluator that runs in the loop, e.g. "
                                  "'eval/bleu', or '' for none", optional=True),
-  "best_checkpoint.mode": choice(BEST_MODES, optional=True),
+  "best_checkpoint.mode": choice(best_checkpoint.MODES, optional=True),
   "early_stopping.patience": integer(0, MAX_COUNT, " (0: never stop early)", optional=True),
   "early_stopping.min_delta": number(0, 3e38, optional=True),
   "init_from": text(None, "a workdir to start from, or '' for none", optional=True),
@@ -431,7 +435,7 @@ def _check_lengths(config: Any, mc: ModelConfig) -> tuple[int, int]:
   max_src, max_tgt = data.max_source_len, data.max_target_len
   buckets = data.bucket_lengths
   if buckets == AUTO:
-    # Derived from the training split (input_pipeline.derive_buckets): at most the length
+    # Derived from the training split (bucketing.derive_buckets): at most the length
     # limit rounded up to a multiple of BUCKET_MULTIPLE.
     buckets = [-(-max(max_src, max_tgt) // BUCKET_MULTIPLE) * BUCKET_MULTIPLE]
   elif buckets[-1] < max(max_src, max_tgt):
@@ -578,3 +582,49 @@ def _check_memory(config: Any, mc: ModelConfig, train_row: int, eval_row: int,
       f"optimizer state, logits), more than {MAX_DEVICE_BYTES // 2**30:,} GiB; make the model "
       "or the batches smaller, or split them over more devices (mesh.fsdp, mesh.tensor)"
     )
+
+
+# What defines the model and the vocabulary it was trained with: fields a workdir's saved config
+# and the config of a later mode must agree on.
+FIXED = ("dataset", "model", "data")
+# Fields under FIXED that only say how evaluation data is batched or where caches live.
+FREE = ("data.eval_batch_size", "data.cache_dir", "data.download")
+
+
+def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
+  if isinstance(node, config_dict.ConfigDict | dict):
+    out = {}
+    for key in node.keys():
+      out.update(_flat(node[key], f"{prefix}{key}."))
+    return out
+  return {prefix[:-1]: json.loads(workdir_lib.to_json_value(node))}
+
+
+def _model_defaults() -> dict[str, Any]:
+  """ModelConfig's defaults, as `_flat` gives them."""
+  return {k: json.loads(workdir_lib.to_json_value(v)) for k, v in
+          dataclasses.asdict(ModelConfig()).items()}
+
+
+def check_same(saved: config_dict.ConfigDict, config: config_dict.ConfigDict) -> None:
+  """Raises ConfigError naming the first model or data field where `config` differs from the
+  `saved` one (decoding, evaluation and program fields may differ)."""
+
+  def fixed(c: config_dict.ConfigDict) -> dict[str, Any]:
+    out = {}
+    for name in FIXED:
+      if name in c:
+        out.update(_flat(c[name], f"{name}.") if isinstance(c[name], config_dict.ConfigDict)
+                   else {name: c[name]})
+    return {k: v for k, v in out.items() if k not in FREE}
+
+  want, got = fixed(saved), fixed(config)
+  # A model field absent from one of them is newer than that config: it had the default.
+  default = {f"model.{k}": v for k, v in _model_defaults().items()}
+  want, got = {**default, **want}, {**default, **got}
+  for field in sorted(set(want) | set(got)):
+    if want.get(field, "<absent>") != got.get(field, "<absent>"):
+      raise ConfigError(
+        f"{field}={got.get(field, '<absent>')!r} differs from {want.get(field, '<absent>')!r} "
+        f"in the workdir's {workdir_lib.CONFIG}: the model and its data are the training "
+        "run's; drop --config (the workdir's config is the default) or that override")

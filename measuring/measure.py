@@ -56,8 +56,8 @@ def measure_matmul_flops(n: int = 2048, repeats: int = 5, dtype: str = "float32"
 
 def param_count(config: Any) -> int:
   """Parameters of a training config's model (`model_family.param_count` of its ModelConfig)."""
-  from transformer import model_family
-  from transformer.validate import model_config
+  from transformer.nn import model_family
+  from transformer.training.validate import model_config
 
   return model_family.param_count(model_config(config))
 
@@ -68,9 +68,9 @@ def equal_size_lstm(config: Any, attention: bool = True) -> Any:
   encoder."""
   import dataclasses
 
-  from transformer.model import ModelConfig
-  from transformer.model_family import lstm_config_for_params, param_count
-  from transformer.validate import model_config
+  from transformer.nn.model import ModelConfig
+  from transformer.nn.model_family import lstm_config_for_params, param_count
+  from transformer.training.validate import model_config
 
   transformer = dataclasses.replace(model_config(config), kind="transformer")
   base = dataclasses.replace(transformer, lstm_attention=attention)
@@ -87,7 +87,7 @@ def decode_cache_bytes(mc: Any, n: int, batch: int = 1) -> int:
   import jax
   import numpy as np
 
-  from transformer.translate import init_cache
+  from transformer.decoding.translate import init_cache
 
   shapes = jax.eval_shape(lambda: init_cache(mc, batch, n, n))
   return sum(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize for s in jax.tree.leaves(shapes))

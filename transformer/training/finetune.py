@@ -14,6 +14,7 @@ checkpoints.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from typing import Any
@@ -23,16 +24,15 @@ import jax.numpy as jnp
 import optax
 from absl import logging
 
-from transformer import storage, workdir_config
-from transformer.best_checkpoint import DIRECTORY as BEST_DIRECTORY
-from transformer.best_checkpoint import BestCheckpoint
-from transformer.checkpoint import COMPATIBLE_FIELDS, Checkpointer, check_meta
-from transformer.errors import ConfigError, show
-from transformer.model import ModelConfig
-from transformer.train_state import EmaTrainState, optimizer_value
+from transformer import storage
+from transformer import workdir as workdir_lib
+from transformer.errors import CheckpointError, ConfigError, show
+from transformer.nn.model import ModelConfig
+from transformer.training import parameters
+from transformer.training.checkpoint import COMPATIBLE_FIELDS, Checkpointer, check_meta
+from transformer.training.train_state import EmaTrainState, optimizer_value
 
-VOCAB = "vocab"
-# The vocabulary's key to the corpus it was trained on (input_pipeline.get_tokenizer): the new
+# The vocabulary's key to the corpus it was trained on (vocabulary.get_tokenizer): the new
 # run's corpus is another, so the key is not copied and the new run writes its own.
 NOT_COPIED = ("corpus.sha256",)
 
@@ -53,12 +53,13 @@ def check_source(config: Any, model_config: ModelConfig) -> Source:
   if not isinstance(source, str) or not source:
     raise ConfigError(f"init_from={show(source)}: must be a workdir path ('' for none)")
   path = storage.as_path(source)
-  saved = workdir_config.load(source) if path.is_dir() else None
+  saved = workdir_lib.load(source) if path.is_dir() else None
   if saved is None:
-    raise ConfigError(f"init_from={source}: no {workdir_config.FILE} there; it must be a "
+    raise ConfigError(f"init_from={source}: no {workdir_lib.CONFIG} there; it must be a "
                       "workdir trained or imported by this program")
-  if not (path / VOCAB).is_dir():
-    raise ConfigError(f"init_from={source}: no {VOCAB}/ directory (the source's vocabulary)")
+  if not workdir_lib.paths(source).vocab_dir.is_dir():
+    raise ConfigError(f"init_from={source}: no {workdir_lib.VOCAB}/ directory (the source's "
+                      "vocabulary)")
   if config.data.vocab_size != saved.data.vocab_size:
     raise ConfigError(
       f"data.vocab_size={config.data.vocab_size} but init_from={source} has "
@@ -82,27 +83,25 @@ def check_source(config: Any, model_config: ModelConfig) -> Source:
           f"init_from_optimizer=True but optimizer.{name} is "
           f"{'off' if theirs_on else 'on'} here and {'on' if theirs_on else 'off'} in "
           f"init_from={source}: the source's optimizer state fits only the same optimizer")
-  best = BestCheckpoint(source) if (path / BEST_DIRECTORY).is_dir() else None
-  step = best.step() if best is not None else None
-  if best is not None:
-    best.close()
-  if step is not None:
-    return Source(source, os.path.join(source, BEST_DIRECTORY), step)
-  checkpointer = Checkpointer(os.path.join(source, "checkpoints"), None, async_save=False)
-  try:
-    step = checkpointer.latest_step()
-  finally:
-    checkpointer.close()
-  if step is None:
-    raise ConfigError(f"init_from={source}: no checkpoint in {source}/checkpoints")
-  return Source(source, os.path.join(source, "checkpoints"), step)
+  # The source's best checkpoint where it keeps one, else its newest.
+  selected = None
+  if parameters.has_best(source):
+    with contextlib.suppress(CheckpointError):
+      selected = parameters.select(source, workdir_lib.choose(workdir_lib.BEST))
+  if selected is None:
+    try:
+      selected = parameters.select(source, workdir_lib.choose())
+    except CheckpointError:
+      raise ConfigError(f"init_from={source}: no checkpoint in "
+                        f"{workdir_lib.paths(source).checkpoints}") from None
+  return Source(source, os.fspath(selected.directory), selected.steps[0])
 
 
 def copy_vocabulary(source: Source, workdir: str) -> None:
   """Copies the source's vocabulary files into `<workdir>/vocab` (once: a workdir that has
   its vocabulary already keeps it, and the checkpoints' vocabulary check refuses a
   mismatch)."""
-  target = storage.as_path(workdir) / VOCAB
+  target = workdir_lib.paths(workdir).vocab_dir
   if target.exists():
     return
 
@@ -113,7 +112,7 @@ def copy_vocabulary(source: Source, workdir: str) -> None:
       elif entry.name not in NOT_COPIED:
         storage.write_atomic(into / entry.name, entry.read_bytes())
 
-  copy(storage.as_path(source.workdir) / VOCAB, target)
+  copy(workdir_lib.paths(source.workdir).vocab_dir, target)
   logging.info("Copied the vocabulary of %s into %s", source.workdir, target)
 
 

@@ -24,8 +24,8 @@ from absl import logging
 
 from transformer import storage
 from transformer.errors import CheckpointError
-from transformer.model import ModelConfig
-from transformer.train_state import STATE_PARTS, optimizer_value
+from transformer.nn.model import ModelConfig
+from transformer.training.train_state import STATE_PARTS, optimizer_value
 
 
 class Checkpointer:

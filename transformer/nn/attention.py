@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from transformer import dropout as dropout_lib
+from transformer.nn import dropout as dropout_lib
 
 IMPLEMENTATIONS = ("xla", "chunked", "cudnn")
 
@@ -127,7 +127,7 @@ def dot_product_attention(
     raise ValueError(
       f"attention implementation {implementation!r} is not one of {', '.join(IMPLEMENTATIONS)}"
     )
-  # Names its ops in profiles (experiments/step_cost.py), apart from the projections around it.
+  # Names its ops in profiles (measuring/step_cost.py), apart from the projections around it.
   with jax.named_scope("dot_product_attention"):
     return _attention(query, key, value, mask, kv_mask, is_causal, q_segment_ids,
                       kv_segment_ids, dropout_rate, dropout_rng, dropout_bits, deterministic,

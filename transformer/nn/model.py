@@ -20,8 +20,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer import attention as attn_lib
-from transformer import dropout as dropout_lib
+from transformer.nn import attention as attn_lib
+from transformer.nn import dropout as dropout_lib
 
 Array = jax.Array
 

@@ -22,8 +22,8 @@ import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from experiments import measure, report
-from transformer.model_family import count_params
+from measuring import measure, report
+from transformer.nn.model_family import count_params
 
 TRANSFORMER_KINDS = ("xla", "chunked", "cudnn")
 # The LSTM baseline with its attention over the encoder states (the project's default, an
@@ -52,7 +52,7 @@ def measure_step(config: Any, mc: Any, batch_size: int, src_len: int, tgt_len: i
   import numpy as np
 
   from transformer import sharding as sharding_lib
-  from transformer.train import Trainer
+  from transformer.training.trainer import Trainer
 
   mesh = sharding_lib.make_mesh(config.mesh, devices=devices)
   trainer = Trainer(config, mesh, mc)
@@ -174,7 +174,7 @@ def model_setup(base: Any, kind: str, max_len: int) -> tuple[Any, Any]:
   Transformer's parameter count) or 'lstm_noattn' (the same without attention). The data
   vocabulary is set to the model's, and model.max_len to at least `max_len`.
   """
-  from transformer.validate import model_config
+  from transformer.training.validate import model_config
 
   config = base.copy_and_resolve_references()
   with config.unlocked():

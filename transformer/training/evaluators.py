@@ -20,16 +20,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import numpy as np
 
-from transformer import bleu as bleu_lib
 from transformer import sharding as sharding_lib
 from transformer import storage
+from transformer import workdir as workdir_lib
+from transformer.decoding import bleu as bleu_lib
 from transformer.errors import ConfigError, show
 from transformer.metrics import summarize
 
@@ -45,7 +45,7 @@ class Context:
   """What evaluators share: the model, the data and where to write.
 
   Attributes:
-    trainer: the `train.Trainer` (its `eval_step` scores batches).
+    layout: the model's `layout.ModelLayout` (its `eval_step` scores batches).
     make_translator: decode config -> a `translate.Translator` over the trainer's mesh.
     tokenizer: the run's vocabulary.
     batches: split -> fixed-shape evaluation batches of this process.
@@ -54,7 +54,7 @@ class Context:
     config: the run's config.
   """
 
-  trainer: Any
+  layout: Any
   make_translator: Callable[[Any], Any]
   tokenizer: Any
   batches: dict[str, list[dict[str, np.ndarray]]]
@@ -81,13 +81,14 @@ class Result:
   samples: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)
 
 
-def evaluate_loss(trainer: Any, params: Any, batches: list[dict[str, np.ndarray]],
+def evaluate_loss(layout: Any, params: Any, batches: list[dict[str, np.ndarray]],
                   prefix: str) -> dict[str, float]:
-  """Loss, nll, perplexity and token accuracy of `params` over fixed-shape batches."""
+  """Loss, nll, perplexity and token accuracy of `params` over fixed-shape batches (`layout`:
+  a `ModelLayout`, or anything with its `eval_step` and `mesh`)."""
   totals: dict[str, float] = {}
   for batch in batches:
     rows = {k: batch[k] for k in ("inputs", "targets")}
-    sums = trainer.eval_step(params, sharding_lib.local_batch_to_global(rows, trainer.mesh))
+    sums = layout.eval_step(params, sharding_lib.local_batch_to_global(rows, layout.mesh))
     for k, v in jax.device_get(sums).items():
       totals[k] = totals.get(k, 0.0) + float(v)
   return summarize(totals, prefix)
@@ -108,7 +109,7 @@ class LossEvaluator:
 
   def run(self, params: Any, step: int, tag: str = "") -> Result:
     del step
-    return Result(evaluate_loss(self.context.trainer, params,
+    return Result(evaluate_loss(self.context.layout, params,
                                 self.context.batches[self.spec.split],
                                 f"{tag}{self.spec.prefix}"))
 
@@ -140,8 +141,8 @@ class TranslationEvaluator:
     hyps = [tokenizer.decode(ids) for ids in
             self.translator.translate_ids(params, [tokenizer.encode(s) for s, _ in pairs])]
     if jax.process_index() == 0:
-      path = os.path.join(self.context.workdir, "translations",
-                          f"{tag}{self.spec.split}_{step}.txt")
+      path = (workdir_lib.paths(self.context.workdir).translations
+              / f"{tag}{self.spec.split}_{step}.txt")
       storage.write_atomic(path, "".join(h + "\n" for h in hyps))
     refs = [t for _, t in pairs]
     wanted = _metric_list(self.spec.metrics)

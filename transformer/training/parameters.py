@@ -1,0 +1,164 @@
+"""Which parameters a mode uses, found and restored: the one resolver of a workdir's checkpoints.
+
+`select` turns a `workdir.Choice` (the newest checkpoint, the best one, a step, or the average
+of the newest N) into the checkpoints it names: their directory (`checkpoints/` or `best/`)
+and steps, checked to exist, with a label for the logs. `restore` reads their parameters (or,
+for a run that kept one, the parameters' moving average) onto a `ModelLayout`'s shardings,
+averaging several in float32. Only that part of the train state is read: never the optimizer's
+moments, which are twice the parameters' bytes under Adam. Translate, score, export, the
+evaluators, `--mode=average`, the final evaluation of training and fine-tuning's `init_from`
+all go through here.
+
+    choice = workdir.choose(checkpoint="best")            # or "latest", "2500", average=5
+    selected = parameters.select("runs/numbers", choice)
+    params = parameters.restore(layout, selected, meta, ema=False)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import logging
+from etils import epath
+
+from transformer import workdir as workdir_lib
+from transformer.errors import CheckpointError
+from transformer.training.best_checkpoint import BestCheckpoint
+from transformer.training.checkpoint import Checkpointer, check_meta
+from transformer.training.layout import ModelLayout
+
+# The part of a checkpoint's train state that holds what inference uses.
+PARAMS, EMA_PARAMS = "params", "ema_params"
+
+
+@dataclasses.dataclass(frozen=True)
+class Selected:
+  """Checkpoints of a workdir: `steps` (one, or the N to average) in `directory`.
+
+  `latest` marks the newest checkpoint, chosen as such: if it does not restore (damaged
+  files), `restore` falls back to the next older one, as training's resume does.
+  """
+
+  directory: epath.Path
+  steps: tuple[int, ...]
+  label: str
+  latest: bool = False
+
+  def checkpointer(self) -> Checkpointer:
+    return Checkpointer(self.directory, None, async_save=False)
+
+
+def has_best(workdir: str) -> bool:
+  """Whether the workdir keeps a best checkpoint (`config.best_checkpoint`)."""
+  return workdir_lib.paths(workdir).best.is_dir()
+
+
+def _steps(directory: epath.Path) -> list[int]:
+  if not directory.is_dir():
+    return []
+  checkpointer = Checkpointer(directory, None, async_save=False)
+  try:
+    return checkpointer.all_steps()
+  finally:
+    checkpointer.close()
+
+
+def select(workdir: str, choice: workdir_lib.Choice) -> Selected:
+  """The checkpoints of `workdir` that `choice` names; CheckpointError if there are none.
+
+  A step number is looked for in `checkpoints/`, then in `best/` (a best step that rotation
+  has deleted from `checkpoints/` is kept there).
+  """
+  files = workdir_lib.paths(workdir)
+  which = choice.checkpoint
+  if which == workdir_lib.BEST:
+    if not has_best(workdir):
+      raise CheckpointError(
+        f"--checkpoint=best: no best checkpoint in {files.best}; training keeps one when "
+        "config.best_checkpoint.metric is set (e.g. 'eval/bleu')")
+    best = BestCheckpoint(workdir)
+    try:
+      step = best.step()
+      if step is None:
+        raise CheckpointError(f"--checkpoint=best: no best checkpoint in {files.best}")
+      record = best.record(step)
+    finally:
+      best.close()
+    return Selected(files.best, (step,), f"best checkpoint, step {step} ({record['metric']} "
+                    f"{record['value']:.4f})")
+  regular = _steps(files.checkpoints)
+  if isinstance(which, int):
+    if which in regular:
+      return Selected(files.checkpoints, (which,), f"step {which}")
+    kept = _steps(files.best)
+    if which in kept:
+      return Selected(files.best, (which,), f"step {which} (the best checkpoint)")
+    raise CheckpointError(f"--checkpoint={which}: no such step in {files.checkpoints} (steps "
+                          f"{regular})" + (f" or {files.best} (steps {kept})" if kept else ""))
+  if not regular:
+    raise CheckpointError(f"no checkpoint in {files.checkpoints}: train first")
+  if choice.average > 1:
+    steps = tuple(regular[-choice.average:])
+    return Selected(files.checkpoints, steps, f"average of steps {list(steps)}")
+  return Selected(files.checkpoints, (regular[-1],), f"step {regular[-1]}", latest=True)
+
+
+def restore(layout: ModelLayout, selected: Selected, meta: dict[str, Any], *,
+            ema: bool) -> Any:
+  """The parameters of `selected` (their mean in float32 if several) on `layout`'s shardings.
+
+  Args:
+    layout: the model's layout (its abstract parameters are the restore target).
+    selected: from `select`.
+    meta: what the checkpoints must agree on (`checkpoint.run_meta` of this config and
+      vocabulary); checked before anything is read.
+    ema: read the parameters' moving average (`optimizer.ema_decay` > 0) instead of the
+      parameters; a checkpoint kept with the other setting is refused.
+  """
+  key = EMA_PARAMS if ema else PARAMS
+  # The parameters alone are read: whether the optimizer had a clipping or weight-decay stage
+  # does not matter here, only whether the state has the average.
+  check = check_meta(meta, parts=("ema_decay",))
+  checkpointer = selected.checkpointer()
+  try:
+    if selected.latest:
+      return _restore_newest_usable(checkpointer, selected.steps[0], key, layout, check)
+    for step in selected.steps:
+      check(checkpointer.read_meta(step), checkpointer.path / str(step))
+    total = None
+    for step in selected.steps:
+      params = checkpointer.restore_part(step, {key: layout.abstract_params})[key]
+      if len(selected.steps) == 1:
+        return params
+      params = jax.tree.map(lambda x: x.astype(jnp.float32), params)
+      total = params if total is None else jax.tree.map(jnp.add, total, params)
+    return jax.tree.map(lambda x: x / np.float32(len(selected.steps)), total)
+  finally:
+    checkpointer.close()
+
+
+def _restore_newest_usable(checkpointer: Checkpointer, newest: int, key: str,
+                           layout: ModelLayout, check: Any) -> Any:
+  """The parameters of the newest checkpoint that restores, from `newest` down; a damaged one
+  is reported and skipped (nothing is moved: inference leaves the workdir as it is)."""
+  for step in reversed([s for s in checkpointer.all_steps() if s <= newest]):
+    path = checkpointer.path / str(step)
+    meta = checkpointer.read_meta_or_none(step)
+    if meta is None:
+      logging.error("checkpoint %s is damaged (unreadable metadata); trying an older one", path)
+      continue
+    check(meta, path)
+    try:
+      params = checkpointer.restore_part(step, {key: layout.abstract_params})[key]
+      if all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(params)):
+        return params
+      logging.error("checkpoint %s has non-finite parameters; trying an older one", path)
+    except Exception as e:  # noqa: BLE001 - damaged files show up as many error types
+      logging.error("checkpoint %s is damaged (%s); trying an older one", path,
+                    str(e).strip().splitlines()[:1])
+  raise CheckpointError(f"no usable checkpoint in {checkpointer.directory}: every step is "
+                        "damaged")
