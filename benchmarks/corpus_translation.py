@@ -105,7 +105,7 @@ def run_benchmark(workdir: str, input_path: str | None, lines: int, rounds: int,
     for _ in range(rounds):
       times["ours"].append(ours(model, config, input_path, ours_out))
       times["ct2"].append(ctranslate2_file(
-        exported, os.path.join(exported, "spm.model"), input_path, ct2_out,
+        exported, os.path.join(exported, export.SPM_NAME), input_path, ct2_out,
         beam_size=model.translator.search.beam_size if fields["method"] == "beam" else 1,
         alpha=model.translator.search.alpha, batch_size=int(config.decode.batch_size),
         max_len=config.model.max_len, threads=threads))

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from num2words import num2words
 
+from transformer.data import bucketing, vocabulary
 from transformer.data import input_pipeline as ip
 from transformer.data import numbers as nb
 from transformer.data.errors import DataError
@@ -206,20 +207,20 @@ def test_damaged_model_is_data_error(tokenizer, tmp_path):
 def test_get_tokenizer_trains_once_then_reuses(tmp_path):
   pairs = list(nb.generate("train", 300))
   config = make_config()
-  tok = ip.get_tokenizer(config, str(tmp_path), PairsReader(pairs))
+  tok = vocabulary.get_tokenizer(config, str(tmp_path), PairsReader(pairs))
   path = tmp_path / "vocab" / "spm.model"
   stamp = path.stat().st_mtime_ns
-  again = ip.get_tokenizer(config, str(tmp_path), None)  # Reused: needs no training data.
+  again = vocabulary.get_tokenizer(config, str(tmp_path), None)  # Reused: needs no training data.
   assert path.stat().st_mtime_ns == stamp
   assert again.encode(pairs[0][1]) == tok.encode(pairs[0][1])
   with pytest.raises(DataError, match="vocab_size"):  # The stored vocabulary has 300 ids.
-    ip.get_tokenizer(make_config(vocab_size=250), str(tmp_path), PairsReader(pairs))
+    vocabulary.get_tokenizer(make_config(vocab_size=250), str(tmp_path), PairsReader(pairs))
 
 
 def test_get_tokenizer_vocab_too_large_is_data_error(tmp_path):
   pairs = list(nb.generate("train", 20))
   with pytest.raises(DataError, match=r"config.data.vocab_size=5000 .* at most \d+"):
-    ip.get_tokenizer(make_config(vocab_size=5000), str(tmp_path), PairsReader(pairs))
+    vocabulary.get_tokenizer(make_config(vocab_size=5000), str(tmp_path), PairsReader(pairs))
   assert not (tmp_path / "vocab" / "spm.model").exists()
   vocab = tmp_path / "vocab"
   assert not vocab.exists() or os.listdir(vocab) == []  # No temporary files left behind.
@@ -240,7 +241,7 @@ def synthetic_ids(n=600, seed=0):
 
 
 def train_batches(src, tgt, config, **kw):
-  return ip.TrainBatches(TokenizedSplit.from_sequences(src, tgt), config, **kw)
+  return bucketing.TrainBatches(TokenizedSplit.from_sequences(src, tgt), config, **kw)
 
 
 def padded(ids, length):
@@ -351,7 +352,7 @@ def test_token_cache_is_built_once_mapped_and_keyed_by_the_vocabulary(tmp_path):
 
   pairs = list(nb.generate("train", 400))
   config = make_config()
-  tok = ip.get_tokenizer(config, str(tmp_path / "w"), PairsReader(pairs))
+  tok = vocabulary.get_tokenizer(config, str(tmp_path / "w"), PairsReader(pairs))
   root = token_cache.cache_root(config, str(tmp_path / "w"))
   split = token_cache.load_or_build(PairsReader(pairs), "train", tok, root)
   assert isinstance(split.source, np.memmap) and split.source.dtype == np.uint16
@@ -369,8 +370,8 @@ def test_token_cache_is_built_once_mapped_and_keyed_by_the_vocabulary(tmp_path):
       np.testing.assert_array_equal(getattr(got, field), getattr(fresh, field))
   assert os.stat(built / "meta.json").st_mtime_ns == stamp
   # Batches from the cache equal batches from a fresh tokenization.
-  a = ip.TrainBatches(again, config, batch_multiple=8)
-  b = ip.TrainBatches(fresh, config, batch_multiple=8)
+  a = bucketing.TrainBatches(again, config, batch_multiple=8)
+  b = bucketing.TrainBatches(fresh, config, batch_multiple=8)
   for step in range(a.steps_per_epoch + 2):
     np.testing.assert_array_equal(a.batch(step)["inputs"], b.batch(step)["inputs"])
     np.testing.assert_array_equal(a.batch(step)["targets"], b.batch(step)["targets"])
@@ -472,7 +473,7 @@ def test_derived_buckets_pad_least():
   for _ in range(25):
     longest = rng.integers(1, rng.integers(2, 90), size=rng.integers(1, 60))
     count = int(rng.integers(1, 5))
-    buckets = ip.derive_buckets(longest, count=count, multiple=8)
+    buckets = bucketing.derive_buckets(longest, count=count, multiple=8)
     assert len(buckets) <= count and buckets == sorted(set(buckets))
     assert all(b % 8 == 0 for b in buckets) and buckets[-1] >= longest.max()
     lengths = sorted({-(-int(n) // 8) * 8 for n in longest})
@@ -486,7 +487,7 @@ def test_derived_buckets_split_a_long_tail():
   tail to one bucket of the longest length; the derived buckets pad far less."""
   rng = np.random.default_rng(0)
   longest = np.clip(rng.lognormal(np.log(25), 0.6, 50_000).astype(np.int64), 2, 256)
-  buckets = ip.derive_buckets(longest, count=8, multiple=8)
+  buckets = bucketing.derive_buckets(longest, count=8, multiple=8)
   assert len(buckets) == 8 and buckets[-1] == 256
   quantiles = sorted({-(-int(q) // 8) * 8 for q in np.quantile(
     longest, np.arange(1, 9) / 8, method="higher")})
@@ -499,10 +500,10 @@ def test_auto_buckets_follow_the_training_split_and_pad_less():
   lengths = rng.integers(3, 14, size=(2000, 2))  # short sentences, as in the user's corpus
   split = TokenizedSplit.from_sequences([np.ones(n, np.int32) for n in lengths[:, 0]],
                                         [np.ones(n, np.int32) for n in lengths[:, 1]])
-  fixed = ip.TrainBatches(split, make_config(bucket_lengths=[16, 24, 32, 48],
+  fixed = bucketing.TrainBatches(split, make_config(bucket_lengths=[16, 24, 32, 48],
                                              tokens_per_batch=1024))
-  auto = ip.TrainBatches(split, make_config(bucket_lengths="auto", tokens_per_batch=1024))
-  assert auto.buckets == ip.resolve_buckets(make_config(bucket_lengths="auto"), split)
+  auto = bucketing.TrainBatches(split, make_config(bucket_lengths="auto", tokens_per_batch=1024))
+  assert auto.buckets == bucketing.resolve_buckets(make_config(bucket_lengths="auto"), split)
   assert auto.buckets[-1] == 16 and len(auto.buckets) > 1
   assert auto.real_token_fraction() > fixed.real_token_fraction() + 0.05
   assert [len(b["inputs"][0]) for b in map(auto.batch, range(5))] == [
@@ -518,17 +519,17 @@ def test_auto_buckets_are_kept_beside_the_token_cache(tmp_path, monkeypatch):
                                   [np.ones(n, np.int32) for n in lengths[:, 1]]),
     directory=str(tmp_path))
   config = make_config(bucket_lengths="auto")
-  first = ip.resolve_buckets(config, split)
-  assert first == ip.resolve_buckets(config, dataclasses.replace(split, directory=None))
+  first = bucketing.resolve_buckets(config, split)
+  assert first == bucketing.resolve_buckets(config, dataclasses.replace(split, directory=None))
 
   def never(self):
     raise AssertionError("read the corpus's lengths again")
 
   monkeypatch.setattr(TokenizedSplit, "source_lengths", never)
-  assert ip.resolve_buckets(config, split) == first  # a restart reads the kept lengths
+  assert bucketing.resolve_buckets(config, split) == first  # a restart reads the kept lengths
   config.data.max_source_len = 20  # other limits, other buckets: derived again
   with pytest.raises(AssertionError, match="again"):
-    ip.resolve_buckets(config, split)
+    bucketing.resolve_buckets(config, split)
 
 
 def test_bucket_lengths_field_takes_auto_or_a_list_and_nothing_else():

@@ -2,6 +2,7 @@
 
 import ast
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -35,15 +36,21 @@ def test_pip_install_then_import_from_another_directory(tmp_path):
   assert proc.stdout.strip().startswith(str(target))
 
 
-def project_imports():
-  """{module: [(imported module, imported name or None)]} for the project's own modules."""
+def _module_paths():
+  """{module: its file} for the project's own modules."""
   modules = {}
-  for root in ("transformer", "experiments", "benchmarks", "configs", "tests"):
+  for root in ("transformer", "measuring", "experiments", "benchmarks", "configs", "tests"):
     for dirpath, _, files in os.walk(os.path.join(REPO, root)):
       for f in files:
         if f.endswith(".py"):
           rel = os.path.relpath(os.path.join(dirpath, f), REPO)[:-3].replace(os.sep, ".")
           modules[rel.removesuffix(".__init__")] = os.path.join(dirpath, f)
+  return modules
+
+
+def project_imports():
+  """{module: [(imported module, imported name or None)]} for the project's own modules."""
+  modules = _module_paths()
   graph = {}
   for name, path in modules.items():
     with open(path) as f:
@@ -103,13 +110,94 @@ def test_experiments_benchmarks_and_library_have_no_import_cycle():
   assert not cycles, cycles
 
 
-def test_the_benchmarks_build_on_the_experiments_tools_and_not_the_other_way():
-  """benchmarks/ uses the measuring and reporting tools the experiments share (report,
-  measure, step_cost); the library imports neither package, the experiments no benchmark."""
+def test_experiments_and_benchmarks_share_the_measuring_tools_and_nothing_else():
+  """measuring/ (report, measure, step_cost) serves experiments/ and benchmarks/ and imports
+  neither; the library imports none of the three; the experiments no benchmark and the
+  benchmarks no experiment."""
+  above = {"transformer": ("measuring", "experiments", "benchmarks"),
+           "measuring": ("experiments", "benchmarks"),
+           "experiments": ("benchmarks",), "benchmarks": ("experiments",)}
   wrong = sorted((m, t) for m, edges in project_imports().items() for t, _ in edges
-                 if (m.startswith("transformer") and t.startswith(("experiments", "benchmarks")))
-                 or (m.startswith("experiments") and t.startswith("benchmarks")))
+                 if t.startswith(above.get(m.split(".")[0], ())))
   assert not wrong, wrong
+
+
+def readme_layers():
+  """The README's table of the library's layers, bottom up: [(layer, {module, ...})], each
+  module as `transformer.x.y`; a directory names every module in it."""
+  with open(os.path.join(REPO, "README.md")) as f:
+    text = f.read()
+  table = text[text.index("| layer | modules | what |"):]
+  layers = []
+  for row in table.splitlines()[2:]:
+    if not row.startswith("|"):
+      break
+    name, listed = row.split("|")[1:3]
+    entries, directory = re.findall(r"`([^`]+)`", listed), ""
+    if not entries or not entries[0].startswith("transformer/"):
+      continue
+    modules = set()
+    for entry in entries:
+      if "/" in entry:
+        directory = entry if entry.endswith("/") else os.path.dirname(entry) + "/"
+      path = entry if "/" in entry else directory + entry
+      if path.endswith("/"):
+        for f in os.listdir(os.path.join(REPO, path)):
+          if f.endswith(".py") and f != "__init__.py":
+            modules.add((path + f[:-3]).replace("/", "."))
+      else:
+        modules.add(path[:-3].replace("/", "."))
+    layers.append((name.strip(), modules))
+  return layers
+
+
+def test_the_readme_layers_hold_every_module_and_each_imports_only_its_own_or_lower():
+  """The README's table of layers (base, nn, data, decoding, training, interop, program) is the
+  import order: a module imports modules of its own layer or of the layers below it, never
+  above, and every module of the library is in exactly one layer."""
+  layers = readme_layers()
+  assert [n for n, _ in layers] == ["base", "nn", "data", "decoding", "training", "interop",
+                                    "program"]
+  level = {}
+  for i, (_, modules) in enumerate(layers):
+    for m in modules:
+      assert m not in level, f"{m} is in two layers"
+      level[m] = i
+  graph = project_imports()
+  library = {m for m in graph if m.startswith("transformer.")
+             and not any(m == p for p in ("transformer.nn", "transformer.data",
+                                          "transformer.decoding", "transformer.training",
+                                          "transformer.interop"))}
+  assert library == set(level), (sorted(library - set(level)), sorted(set(level) - library))
+  upward = sorted((m, t, layers[level[t]][0]) for m in library for t, _ in graph[m]
+                  if t in level and level[t] > level[m])
+  assert not upward, upward
+
+
+# (`.lock` is left out: other lock files end with it.)
+WORKDIR_FILES = ("checkpoints", "buckets.json", "metrics.jsonl", "translations", "spm.model",
+                 "config.json")
+
+
+def test_each_workdir_file_is_named_in_the_workdir_module_only():
+  """transformer/workdir.py names the workdir's files; no other module of the library,
+  the experiments or the benchmarks spells one (Hugging Face's own `config.json` of a Marian
+  model directory and CTranslate2's `spm.model` in interop/ are other directories' files)."""
+  spelled = []
+  for m, path in _module_paths().items():
+    if not m.startswith(("transformer", "experiments", "benchmarks", "measuring")):
+      continue
+    if m == "transformer.workdir":
+      continue
+    with open(path) as f:
+      tree = ast.parse(f.read())
+    for node in ast.walk(tree):
+      if isinstance(node, ast.Constant) and node.value in WORKDIR_FILES:
+        other_directory = m.startswith("transformer.interop") and node.value in (
+          "config.json", "spm.model")
+        if not other_directory:
+          spelled.append((m, node.value, node.lineno))
+  assert not spelled, spelled
 
 
 # The one function that defines flags for its callers: the sweep commands call it when they run.
@@ -119,11 +207,17 @@ ENTRY_POINT = "transformer.main"
 
 
 def _is_flag_definition(node):
-  if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+  """absl's DEFINE_* calls, and calls of the FLAG_HELPERS functions (by their name)."""
+  if not isinstance(node, ast.Call):
+    return False
+  helpers = {h.rsplit(".", 1)[1] for h in FLAG_HELPERS}
+  if isinstance(node.func, ast.Name):
+    return node.func.id in helpers
+  if not isinstance(node.func, ast.Attribute):
     return False
   owner = node.func.value.id if isinstance(node.func.value, ast.Name) else None
   return ((owner in ("flags", "config_flags") and node.func.attr.startswith("DEFINE_"))
-          or f"experiments.{owner}.{node.func.attr}" in FLAG_HELPERS)
+          or node.func.attr in helpers)
 
 
 def _is_main_guard(stmt):

@@ -6,9 +6,10 @@ device of the mesh (`translate.Translator`); the outputs are written in input or
 chunk. A progress line (sentences/s, ETA when the input is a file) goes to stderr.
 
 With `--output=FILE` the run writes `FILE.partial` and, after every chunk, the number of input
-lines done to `FILE.partial.json`; an interrupted run, started again with the same command,
-continues after the last finished chunk and ends with the same file as an uninterrupted run;
-at the end `FILE.partial` becomes `FILE`. An existing FILE is never overwritten.
+lines done to `FILE.partial.json`; a run interrupted at any moment (`kill -9` included),
+started again with the same command, continues after the last finished chunk and ends with the
+same file as an uninterrupted run; at the end `FILE.partial` becomes `FILE`
+(`ResumableOutput`). An existing FILE is never overwritten.
 
 Documented behaviour for awkward input:
   - an empty (or all-whitespace) line gives an empty output (no hypotheses in jsonl);
@@ -73,7 +74,8 @@ def check_request(mode: str, nbest: int, output_format: str, search: Any,
   if output_path is not None:
     if storage.is_remote(output_path):
       raise UserError(f"--output={output_path}: must be a local file")
-    if os.path.exists(output_path):
+    if os.path.exists(output_path) and not os.path.exists(output_path + ".partial.json"):
+      # (With the state beside it, a run stopped while renaming: `ResumableOutput` checks.)
       raise UserError(f"--output={output_path} exists: remove it or choose another file "
                       "(it is never overwritten)")
     parent = os.path.dirname(os.path.abspath(output_path))
@@ -162,7 +164,18 @@ class Progress:
 
 
 class ResumableOutput:
-  """A file written chunk by chunk that survives interruption (see the module docstring).
+  """A file written chunk by chunk that survives `kill -9` at any moment.
+
+  `FILE.partial.json` (the state: the run's settings, the input lines done and the bytes of
+  `FILE.partial` that hold them) is always written first and replaced atomically; the data it
+  counts are on disk (fsync) before it counts them. So whenever a kill lands, the next run
+  with the same settings finds a state that describes a prefix of `FILE.partial`:
+
+  - before the first chunk: the state (0 lines) exists, `FILE.partial` may not;
+  - inside a chunk or between its two writes: `FILE.partial` is longer than the state says,
+    and the excess is cut off;
+  - during the final rename: `FILE` exists beside the state and no `FILE.partial`; `FILE`
+    is complete (`complete`), and the state is removed.
 
   `settings` identify the run (input, decoding, format, parameters); a `.partial` file of a
   run with other settings is refused, never overwritten or mixed.
@@ -174,23 +187,49 @@ class ResumableOutput:
     self.state_path = self.partial + ".json"
     self.settings = json.loads(json.dumps(settings))
     self.lines_done = 0
-    size = 0
-    if os.path.exists(self.state_path) and os.path.exists(self.partial):
-      with open(self.state_path) as f:
-        state = json.load(f)
-      if state.get("settings") != self.settings:
-        changed = sorted(k for k in set(state.get("settings", {})) | set(self.settings)
-                         if state.get("settings", {}).get(k) != self.settings.get(k))
-        raise UserError(f"{self.partial} is an unfinished run with other settings "
-                        f"({', '.join(changed)}): finish it with the same command, or remove "
-                        f"{self.partial} and {self.state_path} to start afresh")
-      self.lines_done, size = int(state["lines_done"]), int(state["bytes"])
-    elif os.path.exists(self.partial):
-      raise UserError(f"{self.partial} exists without {self.state_path}: remove it to start "
-                      "afresh")
+    self.bytes = 0
+    self.complete = False
+    state = self._read_state()
+    if state is not None:
+      self._check_settings(state)
+      self.lines_done, self.bytes = int(state["lines_done"]), int(state["bytes"])
+    if os.path.exists(self.path):
+      # Only a run killed during its final rename leaves FILE beside the state.
+      if state is None or os.path.exists(self.partial) or os.path.getsize(self.path) != self.bytes:
+        raise UserError(f"--output={self.path} exists: remove it or choose another file "
+                        "(it is never overwritten)")
+      self.complete = True
+      return
+    if state is None:
+      if os.path.exists(self.partial):
+        raise UserError(f"{self.partial} exists without {self.state_path}: it is not a run of "
+                        "this program's; remove it to start afresh")
+      self._write_state()
     with open(self.partial, "ab") as f:
-      f.truncate(size)  # drops a chunk written after the last recorded state
-    self.bytes = size
+      f.truncate(self.bytes)  # drops what was written after the last recorded state
+
+  def _read_state(self) -> dict[str, Any] | None:
+    if not os.path.exists(self.state_path):
+      return None
+    with open(self.state_path) as f:
+      return json.load(f)
+
+  def _check_settings(self, state: dict[str, Any]) -> None:
+    if state.get("settings") != self.settings:
+      changed = sorted(k for k in set(state.get("settings", {})) | set(self.settings)
+                       if state.get("settings", {}).get(k) != self.settings.get(k))
+      raise UserError(f"{self.partial} is an unfinished run with other settings "
+                      f"({', '.join(changed)}): finish it with the same command, or remove "
+                      f"{self.partial} and {self.state_path} to start afresh")
+
+  def _write_state(self) -> None:
+    tmp = self.state_path + ".tmp"
+    with open(tmp, "w") as f:
+      json.dump({"settings": self.settings, "lines_done": self.lines_done,
+                 "bytes": self.bytes}, f)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, self.state_path)
 
   def write(self, text: str, lines: int) -> None:
     """Appends a finished chunk (`lines` input lines), then records it, durably, in that
@@ -202,17 +241,24 @@ class ResumableOutput:
       os.fsync(f.fileno())
     self.bytes += len(data)
     self.lines_done += lines
-    tmp = self.state_path + ".tmp"
-    with open(tmp, "w") as f:
-      json.dump({"settings": self.settings, "lines_done": self.lines_done,
-                 "bytes": self.bytes}, f)
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, self.state_path)
+    self._write_state()
 
   def finish(self) -> None:
-    os.replace(self.partial, self.path)
+    """`FILE.partial` becomes `FILE`; then the state goes (a kill between the two: see
+    `complete`)."""
+    if not self.complete:
+      os.replace(self.partial, self.path)
     os.remove(self.state_path)
+
+
+def _all_complete(output: ResumableOutput | None) -> bool:
+  """Process 0's `complete`, the same on every process."""
+  complete = output is not None and output.complete
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+
+    complete = bool(multihost_utils.broadcast_one_to_all(np.int32(complete)))
+  return complete
 
 
 def _lines_done(output: ResumableOutput | None) -> int:
@@ -252,6 +298,12 @@ def _run(run: CorpusRun, what: str, total: int | None, chunk_size: int,
   writer = None
   if run.output_path is not None and jax.process_index() == 0:
     writer = ResumableOutput(run.output_path, run.settings)
+  if _all_complete(writer):
+    if writer is not None:
+      writer.finish()
+      print(f"{run.output_path} is complete (its run was stopped while renaming it)",
+            file=sys.stderr, flush=True)
+    return
   skip = _lines_done(writer)
   progress = Progress(what, total, skip)
   stream = open(run.input_path, "rb") if run.input_path else sys.stdin.buffer  # noqa: SIM115
