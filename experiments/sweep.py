@@ -28,6 +28,7 @@ parameters, median training-step time), the exact command, and the hardware.
 from __future__ import annotations
 
 import concurrent.futures
+import copy
 import dataclasses
 import importlib.util
 import json
@@ -161,8 +162,9 @@ def parse_sets(items: Sequence[str]) -> dict[str, Any]:
 
 
 def apply_overrides(config: Any, overrides: dict[str, Any]) -> Any:
-  """A copy of `config` with the dotted-key overrides set; KeyError names a missing field."""
-  config = config.copy_and_resolve_references()
+  """A copy of `config` with the dotted-key overrides set; KeyError names a missing field.
+  (A deep copy keeps each field's type, placeholders included, for the workdir's config.)"""
+  config = copy.deepcopy(config)
   for key, value in overrides.items():
     node = config
     *parents, leaf = key.split(".")

@@ -386,3 +386,37 @@ def test_an_edited_training_file_is_not_read_with_the_old_vocabulary(workdir, tm
   assert proc.returncode == 2, proc.stderr[-3000:]
   assert "was trained on other data" in one_error_line(proc.stderr)
   assert not os.path.exists(copy / "cache")
+
+
+def test_compare_mode_tests_workdirs_and_files(workdir, tmp_path):
+  """`--mode=compare`: a workdir against itself is never significant; the references as a
+  system beat it significantly; the JSON holds every number of the table."""
+  pairs = list(nb.generate("test", 40))
+  (tmp_path / "src.txt").write_text("".join(s + "\n" for s, _ in pairs))
+  (tmp_path / "ref.txt").write_text("".join(t + "\n" for _, t in pairs))
+  out = tmp_path / "compare.json"
+  proc = run_main("--mode=compare", f"--references={tmp_path}/ref.txt",
+                  f"--input={tmp_path}/src.txt",
+                  f"--systems=model={workdir},again={workdir}@latest,oracle={tmp_path}/ref.txt",
+                  "--bootstrap_samples=200", "--randomization_trials=400", f"--output={out}")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "| model |" in proc.stdout and "| oracle |" in proc.stdout
+  result = json.loads(out.read_text())
+  assert result["systems"] == ["model", "again", "oracle"] and result["sentences"] == 40
+  for metric in ("bleu", "chrf", "ter"):
+    again = result["results"]["again"][metric]
+    assert again["p_bootstrap"] == 1.0 and again["p_randomization"] == 1.0
+    oracle = result["results"]["oracle"][metric]
+    assert oracle["p_bootstrap"] < 0.01 and oracle["p_randomization"] < 0.01, (metric, oracle)
+  assert result["results"]["oracle"]["bleu"]["score"] == 100.0
+
+
+def test_compare_mode_refuses_a_file_of_another_length_before_any_work(workdir, tmp_path):
+  (tmp_path / "ref.txt").write_text("a\nb\nc\n")
+  (tmp_path / "short.txt").write_text("a\nb\n")
+  proc = run_main("--mode=compare", f"--references={tmp_path}/ref.txt",
+                  f"--systems={tmp_path}/ref.txt,{tmp_path}/short.txt",
+                  f"--output={tmp_path}/out.json")
+  assert proc.returncode == 2
+  assert "short.txt: 2 lines" in one_error_line(proc.stderr)
+  assert not (tmp_path / "out.json").exists()

@@ -547,3 +547,120 @@ def test_beam_search_decodes_the_lstm_baseline():
   out = jax.jit(lambda p, x: translate.decode_tokens(
     p, x, cfg, beam_size=3, alpha=0.6, max_extra_len=4, max_len=8))(params, src)
   assert out.shape == (2, 8) and out.dtype == jnp.int32
+
+
+# ----------------------------------------------------------------- forced prefixes, ensembles
+
+
+def _beam_with(table, prefix, lengths, *, max_len, beam_size, alpha, normalize=True,
+               tokens_to_logits=None):
+  sentences = jnp.arange(table.shape[0])
+  return search_lib.beam_search(
+    tokens_to_logits or toy_model(table), init_cache(sentences, max_len),
+    batch_size=table.shape[0], beam_size=beam_size, alpha=alpha,
+    max_lengths=jnp.full((table.shape[0],), max_len), max_len=max_len, normalize=normalize,
+    prefix=None if prefix is None else jnp.asarray(prefix, jnp.int32),
+    prefix_lengths=None if lengths is None else jnp.asarray(lengths, jnp.int32))
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6])
+def test_beam_search_with_a_prefix_is_exhaustive_search_over_the_prefixed_sequences(alpha):
+  """Every hypothesis starts with its sentence's prefix, and a beam wide enough finds the
+  exhaustive ranking of the sequences that start with it, scored with the prefix's own log
+  probabilities included."""
+  max_len = 4
+  table = make_table(11, num_sentences=3, max_len=max_len)
+  prefixes = [[2, 3], [4], []]
+  prefix = np.zeros((3, 2), np.int32)
+  for b, p in enumerate(prefixes):
+    prefix[b, :len(p)] = p
+  seqs, scores, _ = _beam_with(jnp.asarray(table, jnp.float32), prefix, [2, 1, 0],
+                               max_len=max_len, beam_size=128, alpha=alpha)
+  for b, p in enumerate(prefixes):
+    want = [(s, t) for s, t in all_hypotheses(table, b, max_len, alpha) if t[:len(p)] == tuple(p)]
+    got = [(float(scores[b, k]), tuple(int(x) for x in seqs[b, k] if x))
+           for k in range(128) if scores[b, k] > -np.inf]
+    assert [t for _, t in got] == [t for _, t in want]
+    np.testing.assert_allclose([s for s, _ in got], [s for s, _ in want], rtol=1e-5, atol=1e-5)
+
+
+def test_a_greedy_prefix_keeps_the_greedy_output_and_an_empty_one_changes_nothing():
+  max_len = 6
+  table = make_table(5, num_sentences=3, max_len=max_len)
+  sentences, lengths = jnp.arange(3), jnp.full((3,), max_len)
+  t = jnp.asarray(table, jnp.float32)
+
+  def greedy(prefix=None, prefix_lengths=None):
+    return search_lib.greedy_decode(toy_model(t), init_cache(sentences, max_len), batch_size=3,
+                                    max_lengths=lengths, max_len=max_len, prefix=prefix,
+                                    prefix_lengths=prefix_lengths)
+
+  plain, plain_lp = greedy()
+  for n in range(3):
+    prefix = jnp.asarray(plain)[:, :max(n, 1)]
+    seqs, lp = greedy(prefix, jnp.full((3,), n))
+    np.testing.assert_array_equal(seqs, plain)
+    np.testing.assert_array_equal(lp, plain_lp)
+
+
+def test_an_ensembles_beam_search_is_exhaustive_search_of_the_averaged_log_probabilities():
+  """Two toy models whose log probabilities are averaged with weights 0.3 and 0.7: a wide beam
+  ranks every sequence by sum_t (0.3 log p1 + 0.7 log p2) / lp, as an enumeration does."""
+  max_len, alpha, w = 4, 0.6, (0.3, 0.7)
+  tables = [make_table(s, num_sentences=2, max_len=max_len) for s in (21, 22)]
+  models = [toy_model(jnp.asarray(t, jnp.float32)) for t in tables]
+
+  def ensemble(ids, cache):
+    outs = [m(ids, c) for m, c in zip(models, cache, strict=True)]
+    mixed = sum(wi * jax.nn.log_softmax(o, axis=-1) for wi, (o, _) in zip(w, outs, strict=True))
+    return mixed, tuple(c for _, c in outs)
+
+  sentences = jnp.arange(2)
+  cache = tuple(init_cache(sentences, max_len) for _ in models)
+  seqs, scores, log_probs = search_lib.beam_search(
+    ensemble, cache, batch_size=2, beam_size=128, alpha=alpha,
+    max_lengths=jnp.full((2,), max_len), max_len=max_len, normalize=False)
+  mixed = w[0] * log_softmax64(tables[0]) + w[1] * log_softmax64(tables[1])
+  for b in range(2):
+    want = []
+    non_eos = [v for v in range(VOCAB) if v != EOS]
+    for length in range(1, max_len + 1):
+      for p in itertools.product(non_eos, repeat=length - 1):
+        tokens = (*p, EOS)
+        lp = ((5.0 + length) / 6.0) ** alpha
+        want.append((sequence_log_prob(mixed, b, tokens) / lp, tokens))
+    want.sort(key=lambda h: -h[0])
+    got = [(float(scores[b, k]), tuple(int(x) for x in seqs[b, k] if x)) for k in range(128)
+           if scores[b, k] > -np.inf]
+    assert [t for _, t in got] == [t for _, t in want]
+    np.testing.assert_allclose([s for s, _ in got], [s for s, _ in want], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("method", ["beam", "greedy", "sample"])
+def test_a_model_ensembled_with_itself_gives_its_own_outputs_and_scores(method):
+  """`decode_hypotheses` and `target_log_probs` of the ensemble (params, params) with equal
+  weights, bitwise the single model's: its outputs, scores and log probabilities."""
+  from configs import wmt
+  from transformer.decoding import translate
+  from transformer.nn.model import ModelConfig, Transformer
+
+  cfg = ModelConfig(**wmt.get_config("tiny").model)
+  rng = np.random.default_rng(1)
+  src = jnp.asarray(rng.integers(2, cfg.vocab_size, (3, 6)), jnp.int32).at[:, -1].set(EOS)
+  src = src.at[2, 3:].set(0).at[2, 2].set(EOS)
+  params = Transformer(cfg).init(jax.random.key(0), src, src)["params"]
+  search = translate.Search(method=method, beam_size=3, max_extra_len=4, seed=3)
+  nbest = {"beam": 2, "greedy": 1, "sample": 2}[method]
+  run = jax.jit(lambda p, configs, w: translate.decode_hypotheses(
+    p, src, configs, search, nbest=nbest, max_len=10, weights=w), static_argnums=(1, 2))
+  single = run(params, cfg, None)
+  for a, b in zip(single, run((params, params), (cfg, cfg), None), strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  # Unequal weights: the same outputs; 0.25 x + 0.75 x rounds to x within an ulp or so.
+  seqs, scores, log_probs = run((params, params), (cfg, cfg), (0.25, 0.75))
+  np.testing.assert_array_equal(seqs, single[0])
+  np.testing.assert_allclose(scores, single[1], rtol=1e-6)
+  np.testing.assert_allclose(log_probs, single[2], rtol=1e-6)
+  scored = translate.target_log_probs(params, src, src, cfg)
+  np.testing.assert_array_equal(
+    translate.target_log_probs((params, params), src, src, (cfg, cfg)), scored)

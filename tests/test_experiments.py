@@ -145,6 +145,18 @@ def test_tiny_sweep_writes_the_table_and_a_rerun_skips(tiny_sweep):
   assert before == {p: p.stat().st_mtime_ns for p in (tmp / "runs").rglob("metrics.jsonl")}
 
 
+def test_a_sweep_points_workdir_translates_from_the_workdir_alone(tiny_sweep):
+  """The point's config.json is the one training writes: `--workdir` alone translates."""
+  tmp, _, _ = tiny_sweep
+  workdir = tmp / "runs" / "tiny" / "num_heads-4"
+  proc = subprocess.run(
+    [sys.executable, "-m", "transformer.main", "--mode=translate", f"--workdir={workdir}"],
+    cwd=ROOT, env=ENV, input="three hundred and forty-seven\n", capture_output=True, text=True,
+    timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert len(proc.stdout.splitlines()) == 1, proc.stdout
+
+
 def test_attention_maps_command(tiny_sweep, tmp_path):
   """The command on a trained workdir: a PNG with every head of every layer."""
   tmp, _, _ = tiny_sweep

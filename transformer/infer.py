@@ -15,6 +15,7 @@ The checkpoints are checked against the config (model fields, vocabulary) as in 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -26,7 +27,7 @@ from transformer.data import bucketing, vocabulary
 from transformer.data.marian_tokenizer import MarianTokenizer
 from transformer.data.tokenizer import Tokenizer
 from transformer.decoding.translate import Translator
-from transformer.errors import CheckpointError
+from transformer.errors import CheckpointError, UserError
 from transformer.training import parameters
 from transformer.training.checkpoint import run_meta
 from transformer.training.layout import ModelLayout
@@ -61,7 +62,8 @@ class Restored:
 
 
 def restore(config: Any, workdir: str, average: int | None = None,
-            checkpoint: str | int | None = None) -> Restored:
+            checkpoint: str | int | None = None,
+            mesh: jax.sharding.Mesh | None = None) -> Restored:
   """Loads the parameters `checkpoint` and `average` choose (`workdir.choose`) of `workdir`
   (local or gs://): their exponential moving average when the run kept one
   (`optimizer.ema_decay` > 0; the checkpoints are refused if the config says otherwise).
@@ -75,6 +77,7 @@ def restore(config: Any, workdir: str, average: int | None = None,
     checkpoint: 'latest' (or None) for the newest checkpoint, 'best' for the best one
       (`<workdir>/best`, kept when `config.best_checkpoint.metric` is set), or a step number:
       that step's checkpoint, in `checkpoints/` or kept as the best (no averaging).
+    mesh: the device mesh (default: the config's).
 
   Raises:
     CheckpointError: no vocabulary or checkpoint, or one that does not fit the config.
@@ -89,7 +92,7 @@ def restore(config: Any, workdir: str, average: int | None = None,
   choice = workdir_lib.choose(checkpoint, average,
                               default_average=config.average_last_checkpoints)
   selected = parameters.select(workdir, choice)
-  layout = ModelLayout(config, sharding_lib.make_mesh(config.mesh), model_config)
+  layout = ModelLayout(config, mesh or sharding_lib.make_mesh(config.mesh), model_config)
   ema = optimizer_value(config, "ema_decay") > 0
   params = parameters.restore(layout, selected, run_meta(config, model_config, tokenizer.sha256),
                               ema=ema)
@@ -98,3 +101,74 @@ def restore(config: Any, workdir: str, average: int | None = None,
   translator = Translator(model_config, config.decode, layout.mesh, layout.param_shardings,
                           bucketing.workdir_buckets(config, workdir))
   return Restored(tokenizer, layout, translator, params, label, max(selected.steps))
+
+
+def parse_member(spec: str) -> tuple[str, str | None]:
+  """`WORKDIR[@CHECKPOINT]` -> (workdir, checkpoint or None)."""
+  workdir, _, checkpoint = spec.partition("@")
+  return workdir, checkpoint or None
+
+
+def check_ensemble(members: Sequence[str], weights: Sequence[float] | None) -> None:
+  """Before any work: every member (`WORKDIR[@CHECKPOINT]`) is a workdir with a saved config
+  and a valid checkpoint choice, and `weights` (if given) are one positive number per model
+  of the ensemble: the first model and each member."""
+  for spec in members:
+    workdir, checkpoint = parse_member(spec)
+    if not workdir_lib.paths(workdir).config.exists():
+      raise UserError(f"--ensemble member {spec}: no {workdir_lib.CONFIG} in {workdir}: not a "
+                      "workdir of this program")
+    workdir_lib.parse_checkpoint(checkpoint)
+  if weights:
+    if len(weights) != len(members) + 1:
+      raise UserError(f"--ensemble_weights: {len(weights)} weights for {len(members) + 1} "
+                      "models (--workdir and each --ensemble member)")
+    if any(not w > 0 for w in weights):
+      raise UserError(f"--ensemble_weights={','.join(map(str, weights))}: each must be > 0")
+
+
+def restore_ensemble(config: Any, workdir: str, members: Sequence[str],
+                     weights: Sequence[float] | None = None, average: int | None = None,
+                     checkpoint: str | int | None = None) -> Restored:
+  """The model of `workdir` (its `checkpoint` or `average`, as `restore`) and the `members`
+  (`WORKDIR[@CHECKPOINT]`: other runs, seeds, or other checkpoints of the same run, each with
+  its own saved config) as one model: at every step the search averages their log
+  probabilities with `weights` (default equal; `translate.decode_hypotheses`).
+
+  The members share the first model's mesh and decoding settings. A member whose vocabulary or
+  language pair differs from the first model's, or that cannot be restored, is a UserError
+  naming it. The returned `params` and `translator` are the ensemble's (`tokenizer` and
+  `layout` the first model's).
+  """
+  check_ensemble(members, weights)
+  first = restore(config, workdir, average, checkpoint)
+  models = [first]
+  pair = (config.data.get("source_lang"), config.data.get("target_lang"))
+  for spec in members:
+    path, member_checkpoint = parse_member(spec)
+    member_config = workdir_lib.load(path)
+    if (member_config.data.get("source_lang"), member_config.data.get("target_lang")) != pair:
+      raise UserError(f"--ensemble member {spec}: it translates "
+                      f"{member_config.data.get('source_lang')}-"
+                      f"{member_config.data.get('target_lang')}, the first model "
+                      f"{pair[0]}-{pair[1]}")
+    try:
+      member = restore(member_config, path, checkpoint=member_checkpoint, mesh=first.layout.mesh)
+    except UserError as e:
+      raise UserError(f"--ensemble member {spec}: {e}") from None
+    if member.tokenizer.sha256 != first.tokenizer.sha256:
+      raise UserError(f"--ensemble member {spec}: its vocabulary ({member.tokenizer.path}) is "
+                      f"not the first model's ({first.tokenizer.path}); the members of an "
+                      "ensemble share one vocabulary")
+    models.append(member)
+  configs = tuple(m.layout.model_config for m in models)
+  translator = Translator(configs, config.decode, first.layout.mesh,
+                          tuple(m.layout.param_shardings for m in models),
+                          bucketing.workdir_buckets(config, workdir), weights=weights)
+  shares = translator.weights or (1.0,) * len(models)
+  total = sum(shares)
+  label = "ensemble of " + ", ".join(
+    f"{spec} ({m.label}, weight {w / total:.3g})"
+    for spec, m, w in zip([workdir, *members], models, shares, strict=True))
+  return Restored(first.tokenizer, first.layout, translator, tuple(m.params for m in models),
+                  label, first.step)

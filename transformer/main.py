@@ -1,16 +1,12 @@
 """Entry point: `python -m transformer.main --config=configs/numbers.py [--workdir=DIR]`.
 
-Modes: `train` (default: train, evaluate, checkpoint, resume), `translate` (--input or stdin
-to --output or stdout: n-best lists, sampling, jsonl; transformer/decoding/files.py), `score` (the
-log probability of each `source<TAB>target` line), `average` (average the last N checkpoints
-and evaluate them), `export` (`--format=ctranslate2 --output=DIR`: the newest checkpoint or
-the average of the last N as a CTranslate2 model, transformer/interop/export.py), `import`
-(`--source=DIR --workdir=NEW`: an OPUS-MT (Marian) model in Hugging Face's layout as a workdir
-at step 0, transformer/interop/marian.py; `--config`, by default configs/text.py, gives the
-fields that are not the model's).
+`--mode` picks one of the modes of transformer/modes.py (`modes.MODES`): `train` (the
+default: train, evaluate, checkpoint, resume), `translate`, `score`, `average`, `export`,
+`import` and `compare`; their flags are defined here and passed as a `modes.Request`.
 Every mode works from `--workdir` alone: the run's config, saved there at its first start, is
 the default (transformer/workdir.py); `--config.FIELD=VALUE` overrides its decoding and
 evaluation fields, and training with it continues the run (or fine-tunes an imported model).
+`compare` needs no config: the workdirs it compares bring their own.
 A user error (bad config value, missing data, incompatible checkpoint) ends with one line on
 stderr naming the field or path, and exit status 2.
 """
@@ -48,7 +44,8 @@ _WORKDIR = flags.DEFINE_string(
 )
 _MODE = flags.DEFINE_enum("mode", "train", list(modes.MODES), "What to do (transformer/modes.py).")
 _INPUT = flags.DEFINE_string("input", None, "translate: read sentences from this file "
-                             "instead of standard input; score: source<TAB>target lines.")
+                             "instead of standard input; score: source<TAB>target lines; "
+                             "compare: the sources the workdirs among --systems translate.")
 _NBEST = flags.DEFINE_integer("nbest", 1, "translate: hypotheses per sentence (beam search: "
                               "at most decode.beam_size; sampling: samples per sentence).")
 _OUTPUT_FORMAT = flags.DEFINE_string("output_format", "text", "translate: text (one line per "
@@ -63,13 +60,31 @@ _AVERAGE = flags.DEFINE_integer(
 _FORMAT = flags.DEFINE_string("format", None, "export: the output format (ctranslate2).")
 _OUTPUT = flags.DEFINE_string("output", None, "export: a new or empty directory to write to; "
                               "translate/score: a new file (resumed if interrupted), not "
-                              "standard output.")
+                              "standard output; compare: a new JSON file.")
 _SOURCE = flags.DEFINE_string(
   "source", None, "import: a Hugging Face Marian (OPUS-MT) model directory, as "
   "save_pretrained writes it (config.json, model.safetensors, source.spm, target.spm, "
   "vocab.json).")
 _QUANTIZATION = flags.DEFINE_string(
   "quantization", None, "export: CTranslate2 weight type, e.g. int8 (default: float32).")
+_ENSEMBLE = flags.DEFINE_list(
+  "ensemble", [], "translate/score: WORKDIR[@CHECKPOINT],... decoded with --workdir as one "
+  "model (CHECKPOINT: latest, best or a step), their log probabilities averaged at every step.")
+_ENSEMBLE_WEIGHTS = flags.DEFINE_list(
+  "ensemble_weights", [], "translate/score: one weight per model of the ensemble (--workdir "
+  "first), normalised to sum to 1 (default: equal).")
+_TARGET_PREFIX = flags.DEFINE_bool(
+  "target_prefix", False, "translate: each input line is source<TAB>prefix; every hypothesis "
+  "starts with the prefix (a line without a tab has none).")
+_REFERENCES = flags.DEFINE_string("references", None, "compare: the reference translations, "
+                                  "one per line.")
+_SYSTEMS = flags.DEFINE_list(
+  "systems", [], "compare: [NAME=]PATH,... the first the baseline; PATH a file of hypotheses "
+  "or a workdir (WORKDIR@CHECKPOINT: latest, best or a step), which translates --input.")
+_BOOTSTRAP = flags.DEFINE_integer("bootstrap_samples", 1000, "compare: paired bootstrap "
+                                  "resamples.")
+_TRIALS = flags.DEFINE_integer("randomization_trials", 10000, "compare: approximate "
+                               "randomization trials.")
 _COORDINATOR = flags.DEFINE_string("coordinator_address", None,
                                    "HOST:PORT of process 0, for multi-process runs.")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Number of processes.")
@@ -123,10 +138,11 @@ def main(argv: list[str]) -> None:
   if len(argv) > 1:
     fail(f"unexpected arguments {' '.join(argv[1:])!r}; fields are set with --config.field=value")
   config = _CONFIG.value
+  without_config = _MODE.value in modes.WITHOUT_CONFIG
   if config is None and _MODE.value == "import":
     fail(f"--mode=import needs --config, the base of the fields that are not the model's "
          f"(e.g. {IMPORT_BASE} of the repository)")
-  if config is None:
+  if config is None and not without_config:
     fail("--config is required, e.g. --config=configs/numbers.py"
          + ("" if _MODE.value == "train" else ", or --workdir of a trained run"))
   if _MODE.value == "import" and _WORKDIR.value is None:
@@ -147,7 +163,7 @@ def main(argv: list[str]) -> None:
   logging.info("Host memory: %s", host_memory.state())
 
   workdir = _WORKDIR.value
-  if workdir is None:
+  if workdir is None and not without_config:
     workdir = default_workdir(config_flags.get_config_filename(FLAGS["config"]) +
                               _variant_suffix())
     logging.info("No --workdir given: using %s", workdir)
@@ -156,12 +172,17 @@ def main(argv: list[str]) -> None:
     from transformer import storage
 
     # Offline, gcsfs retries an unreachable bucket for minutes: ask the service once first.
-    storage.check_reachable({"--workdir": workdir, "--config": config.to_dict(),
+    storage.check_reachable({"--workdir": workdir,
+                             "--config": config.to_dict() if config is not None else None,
                              "TFDS_DATA_DIR": os.environ.get("TFDS_DATA_DIR")})
     request = modes.Request(
       input=_INPUT.value, output=_OUTPUT.value, nbest=_NBEST.value,
       output_format=_OUTPUT_FORMAT.value, checkpoint=_CHECKPOINT.value, average=_AVERAGE.value,
-      format=_FORMAT.value, quantization=_QUANTIZATION.value, source=_SOURCE.value)
+      format=_FORMAT.value, quantization=_QUANTIZATION.value, source=_SOURCE.value,
+      ensemble=tuple(_ENSEMBLE.value), ensemble_weights=_weights(_ENSEMBLE_WEIGHTS.value),
+      target_prefix=_TARGET_PREFIX.value,
+      references=_REFERENCES.value, systems=tuple(_SYSTEMS.value),
+      bootstrap_samples=_BOOTSTRAP.value, randomization_trials=_TRIALS.value)
     modes.MODES[_MODE.value](config, workdir, request)
   except UserError as e:
     fail(str(e))
@@ -169,6 +190,13 @@ def main(argv: list[str]) -> None:
     # Training diverged; the checkpoints hold only finite parameters.
     print(f"error: {e}", file=sys.stderr, flush=True)
     sys.exit(1)
+
+
+def _weights(values: list[str]) -> tuple[float, ...]:
+  try:
+    return tuple(float(v) for v in values)
+  except ValueError:
+    fail(f"--ensemble_weights={','.join(values)}: must be numbers")
 
 
 def _variant_suffix() -> str:

@@ -10,6 +10,8 @@ modes read. The heavy imports happen inside each mode, so the table costs nothin
   average    the mean of the newest N checkpoints, evaluated by the config's evaluators
   export     the chosen parameters as a CTranslate2 model (transformer/interop/export.py)
   import     an OPUS-MT (Marian) model directory as a new workdir (transformer/interop/marian.py)
+  compare    systems on a test set: BLEU, chrF, TER, paired bootstrap resampling and
+             approximate randomization (transformer/decoding/significance.py)
 
 translate, score and export use the parameters that `--checkpoint` and `--average` choose
 (`workdir.choose`: the newest checkpoint, the best, a step, or an average).
@@ -39,6 +41,13 @@ class Request:
   format: str | None = None
   quantization: str | None = None
   source: str | None = None
+  ensemble: tuple[str, ...] = ()
+  ensemble_weights: tuple[float, ...] = ()
+  target_prefix: bool = False
+  references: str | None = None
+  systems: tuple[str, ...] = ()
+  bootstrap_samples: int = 1000
+  randomization_trials: int = 10000
 
 
 def check_workdir_config(config: Any, workdir: str) -> None:
@@ -52,6 +61,25 @@ def check_workdir_config(config: Any, workdir: str) -> None:
   if saved is not None:
     check_same(saved, config)
   validate(config, jax.device_count())
+
+
+def restore(config: Any, workdir: str, request: Request) -> Any:
+  """The parameters translate and score use: `--checkpoint`/`--average` of `--workdir`, and
+  with `--ensemble` its members too (`infer.restore_ensemble`)."""
+  from transformer import infer
+
+  if request.ensemble:
+    return infer.restore_ensemble(config, workdir, request.ensemble,
+                                  request.ensemble_weights or None, request.average,
+                                  request.checkpoint)
+  if request.ensemble_weights:
+    raise UserError("--ensemble_weights needs --ensemble (the other members)")
+  return infer.restore(config, workdir, request.average, request.checkpoint)
+
+
+def check_no_ensemble(request: Request, mode: str) -> None:
+  if request.ensemble or request.ensemble_weights:
+    raise UserError(f"--ensemble: --mode={mode} takes one model; ensembles translate and score")
 
 
 def train(config: Any, workdir: str, request: Request) -> None:
@@ -81,7 +109,6 @@ def train(config: Any, workdir: str, request: Request) -> None:
 def translate(config: Any, workdir: str, request: Request) -> None:
   """`--mode=translate`: `--input` (or stdin) to `--output` (or stdout), in chunks;
   transformer/decoding/files.py documents the formats and the resume."""
-  from transformer import infer
   from transformer.decoding import files
   from transformer.decoding.translate import Search
 
@@ -89,17 +116,16 @@ def translate(config: Any, workdir: str, request: Request) -> None:
   search = Search.from_config(config.decode)
   files.check_request("translate", request.nbest, request.output_format, search, request.input,
                       request.output)
-  model = infer.restore(config, workdir, request.average, request.checkpoint)
+  model = restore(config, workdir, request)
   settings = {"mode": "translate", "nbest": request.nbest, "format": request.output_format,
               "parameters": model.label, "search": dataclasses.asdict(search),
-              **_input_identity(request.input)}
+              "target_prefix": request.target_prefix, **_input_identity(request.input)}
   files.translate_corpus(files.CorpusRun(model, request.input, request.output, settings), config,
-                         request.nbest, request.output_format)
+                         request.nbest, request.output_format, request.target_prefix)
 
 
 def score(config: Any, workdir: str, request: Request) -> None:
   """`--mode=score`: log p(target | source) of every `source<TAB>target` line of `--input`."""
-  from transformer import infer
   from transformer.decoding import files
   from transformer.decoding.translate import Search
 
@@ -107,7 +133,7 @@ def score(config: Any, workdir: str, request: Request) -> None:
   files.check_request("score", 1, "jsonl", Search.from_config(config.decode), request.input,
                       request.output)
   total = files.check_score_input(request.input)
-  model = infer.restore(config, workdir, request.average, request.checkpoint)
+  model = restore(config, workdir, request)
   settings = {"mode": "score", "parameters": model.label, **_input_identity(request.input)}
   files.score_corpus(files.CorpusRun(model, request.input, request.output, settings), config,
                      total)
@@ -139,6 +165,7 @@ def average(config: Any, workdir: str, request: Request) -> None:
   from transformer.training import evaluators
 
   check_workdir_config(config, workdir)
+  check_no_ensemble(request, "average")
   if workdir_lib.parse_checkpoint(request.checkpoint) != workdir_lib.LATEST:
     raise UserError(f"--checkpoint={request.checkpoint}: --mode=average evaluates the mean of "
                     "the newest --average=N checkpoints; --checkpoint is for translate, score "
@@ -176,6 +203,7 @@ def export(config: Any, workdir: str, request: Request) -> None:
   from transformer.training.validate import model_config
 
   check_workdir_config(config, workdir)
+  check_no_ensemble(request, "export")
   export_lib.check_request(request.format, request.output, request.quantization,
                            model_config(config))
   model = infer.restore(config, workdir, request.average, request.checkpoint)
@@ -200,6 +228,87 @@ def import_model(config: Any, workdir: str, request: Request) -> None:
     print(summary, flush=True)
 
 
+def _read_lines(path: str, what: str) -> list[str]:
+  if not os.path.isfile(path):
+    raise UserError(f"{what}={path}: no such file")
+  with open(path, encoding="utf-8", errors="replace") as f:
+    return [line.rstrip("\n") for line in f]
+
+
+def _parse_system(spec: str) -> tuple[str, str, str]:
+  """`[NAME=]PATH[@CHECKPOINT]` -> (name, path, checkpoint or '')."""
+  name, _, path = spec.partition("=") if "=" in spec else (spec, "", spec)
+  where, _, checkpoint = path.partition("@")
+  return name or path, where, checkpoint
+
+
+def system_hypotheses(spec: str, input_path: str | None) -> tuple[str, list[str]]:
+  """One system of `--systems`: `[NAME=]PATH`, PATH a file of hypotheses (one line per
+  reference) or a workdir, optionally `WORKDIR@CHECKPOINT` (latest, best or a step), which
+  translates `--input` with its own config. Returns (name, hypotheses)."""
+  name, where, checkpoint = _parse_system(spec)
+  if os.path.isfile(where) and not checkpoint:
+    return name, _read_lines(where, f"--systems {name}")
+  if not os.path.isdir(where):
+    raise UserError(f"--systems: {name}: {where} is neither a file of hypotheses nor a workdir")
+  from transformer import infer
+
+  config = workdir_lib.load(where)
+  if config is None:
+    raise UserError(f"--systems: {name}: {where} has no {workdir_lib.CONFIG}: not a workdir")
+  if input_path is None:
+    raise UserError(f"--systems: {name} is a workdir: --input=FILE (the source sentences) is "
+                    "needed to translate")
+  check_workdir_config(config, where)
+  model = infer.restore(config, where, checkpoint=checkpoint or None)
+  sources = _read_lines(input_path, "--input")
+  ids = model.translator.translate_ids(model.params, [model.tokenizer.encode(s) for s in sources])
+  print(f"{name}: translated {len(sources)} sentences with {model.label}", flush=True)
+  return name, [model.tokenizer.decode(x) for x in ids]
+
+
+def compare(config: Any, workdir: str | None, request: Request) -> None:
+  """`--mode=compare`: the systems of `--systems` (the first the baseline) on the references
+  of `--references`: a table on stdout, and with `--output=FILE` the whole comparison as
+  JSON (transformer/decoding/significance.py)."""
+  import json
+
+  from transformer import storage
+  from transformer.decoding import significance
+
+  if not request.references:
+    raise UserError("--mode=compare needs --references=FILE, one reference per line")
+  if request.output is not None and os.path.exists(request.output):
+    raise UserError(f"--output={request.output} exists: remove it or choose another file "
+                    "(it is never overwritten)")
+  if request.bootstrap_samples < 1 or request.randomization_trials < 1:
+    raise UserError("--bootstrap_samples and --randomization_trials must be >= 1")
+  references = _read_lines(request.references, "--references")
+  specs = [s for s in request.systems if s]
+  if len(specs) < 2:
+    raise UserError("--mode=compare needs --systems=A,B[,...]: two or more files of "
+                    "hypotheses or workdirs, the first the baseline")
+  # Files are checked before any workdir translates.
+  for spec in specs:
+    name, where, checkpoint = _parse_system(spec)
+    if os.path.isfile(where) and not checkpoint:
+      count = len(_read_lines(where, f"--systems {name}"))
+      if count != len(references):
+        raise UserError(f"--systems: {name}: {count} lines but --references={request.references}"
+                        f" has {len(references)}; a system needs one hypothesis per reference")
+  systems = [system_hypotheses(spec, request.input) for spec in specs]
+  seed = int(config.seed) if config is not None else 12345
+  result = significance.compare(systems, references,
+                                bootstrap_samples=request.bootstrap_samples,
+                                randomization_trials=request.randomization_trials, seed=seed)
+  print(f"{result.sentences} sentences; {result.bootstrap_samples} bootstrap samples, "
+        f"{result.randomization_trials} randomization trials, seed {seed}; p-values against "
+        f"{result.systems[0]}\n{significance.table(result)}", flush=True)
+  if request.output is not None:
+    storage.write_atomic(request.output, json.dumps(result.to_json(), indent=1))
+    print(f"wrote {request.output}", flush=True)
+
+
 MODES: dict[str, Callable[[Any, str, Request], None]] = {
   "train": train,
   "translate": translate,
@@ -207,4 +316,7 @@ MODES: dict[str, Callable[[Any, str, Request], None]] = {
   "average": average,
   "export": export,
   "import": import_model,
+  "compare": compare,
 }
+# Modes that need no config of their own (a workdir among their inputs brings its own).
+WITHOUT_CONFIG = ("compare",)

@@ -211,7 +211,10 @@ def to_json(config: config_dict.ConfigDict) -> str:
       if isinstance(value, config_dict.ConfigDict):
         out[key] = {"fields": walk(value)}
       else:
-        field_type = node.get_ref(key).get_type()
+        # A None that lost its placeholder's type (a resolved copy) is saved as `object`.
+        field_type = node.get_type(key)
+        if field_type is type(None):
+          field_type = object
         out[key] = {"value": _encode(value),
                     "type": getattr(field_type, "__name__", "object")}
     return out

@@ -276,10 +276,44 @@ def perplexity(log_prob: float, tokens: int) -> float:
   return math.exp(min(-log_prob / tokens, math.log(sys.float_info.max)))
 
 
-def hypotheses_json(source: str, hyps: list[tuple[str, Hypothesis]]) -> str:
-  return json.dumps({"source": source, "hypotheses": [
-    {"text": text, "score": h.score, "logprob": h.log_prob} for text, h in hyps]},
-    ensure_ascii=False)
+def hypotheses_json(source: str, hyps: list[tuple[str, Hypothesis]],
+                    prefix: str | None = None, **extra: Any) -> str:
+  """One JSON line of translate mode: the source (and its forced target prefix), each
+  hypothesis's text, score and log probability, and what `extra` adds to each hypothesis
+  (e.g. MBR's expected utility: `extra` maps a key to one value per hypothesis)."""
+  record: dict[str, Any] = {"source": source}
+  if prefix is not None:
+    record["prefix"] = prefix
+  record["hypotheses"] = [
+    {"text": text, "score": h.score, "logprob": h.log_prob,
+     **{k: v[n] for k, v in extra.items()}} for n, (text, h) in enumerate(hyps)]
+  return json.dumps(record, ensure_ascii=False)
+
+
+def split_prefix(line: str) -> tuple[str, str]:
+  """`source<TAB>prefix` -> (source, prefix); a line without a tab has an empty prefix."""
+  source, _, prefix = line.partition("\t")
+  return source, prefix
+
+
+def prefix_ids(tokenizer: Any, prefix: str) -> list[int]:
+  """The target-side ids of a forced prefix, without the EOS that `encode` appends."""
+  return tokenizer.encode(prefix.strip(), side=TARGET)[:-1] if prefix.strip() else []
+
+
+def check_prefixes(path: str, tokenizer: Any, translator: Any, limit: int) -> None:
+  """Before any work: each `source<TAB>prefix` line's prefix leaves room for its output's EOS
+  (UserError naming the first line whose prefix is too long)."""
+  with open(path, "rb") as f:
+    for number, raw in enumerate(f, start=1):
+      source, prefix = split_prefix(_strip_newline(raw).decode("utf-8", errors="replace"))
+      ids = prefix_ids(tokenizer, prefix)
+      if ids:
+        longest = translator.output_limit(min(len(tokenizer.encode(source.strip())), limit))
+        if len(ids) >= longest:
+          raise UserError(f"--input={path}: line {number}: the prefix has {len(ids)} tokens but "
+                          f"the output of its source is at most {longest} tokens, EOS "
+                          "included (decode.max_extra_len, model.max_len)")
 
 
 @dataclasses.dataclass
@@ -326,18 +360,26 @@ def _run(run: CorpusRun, what: str, total: int | None, chunk_size: int,
     print(f"wrote {run.output_path}", file=sys.stderr, flush=True)
 
 
-def translate_corpus(run: CorpusRun, config: Any, nbest: int, output_format: str) -> None:
-  """`--mode=translate`: every input line translated (module docstring)."""
+def translate_corpus(run: CorpusRun, config: Any, nbest: int, output_format: str,
+                     target_prefix: bool = False) -> None:
+  """`--mode=translate`: every input line translated (module docstring). With
+  `target_prefix`, each line is `source<TAB>prefix`: every hypothesis starts with the prefix
+  (a line without a tab has none)."""
   model = run.model
   tokenizer, translator = model.tokenizer, model.translator
-  limit = config.model.max_len - translator.max_extra_len
+  limit = translator.max_len - translator.max_extra_len
   total = count_lines(run.input_path) if run.input_path else None
+  if target_prefix and run.input_path:
+    check_prefixes(run.input_path, tokenizer, translator, limit)
 
   def process_chunk(first: int, lines: list[str], progress: Progress) -> str:
-    rows, sources = [], []
-    for i, line in enumerate(lines):
+    rows, sources, prefixes = [], [], []
+    texts = [split_prefix(line) if target_prefix else (line, "") for line in lines]
+    for i, (line, prefix) in enumerate(texts):
       if not line.strip():
         continue
+      if target_prefix:
+        prefixes.append(prefix_ids(tokenizer, prefix))
       ids = tokenizer.encode(line.strip())
       if len(ids) > limit:
         print(f"warning: line {first + i + 1} has {len(ids)} tokens; truncated to {limit}",
@@ -345,17 +387,21 @@ def translate_corpus(run: CorpusRun, config: Any, nbest: int, output_format: str
         ids = truncate(ids, limit)
       rows.append(i)
       sources.append(ids)
-    found = translator.search_ids(model.params, sources, nbest,
-                                  sentence_ids=[first + i for i in rows],
-                                  on_batch=progress.add)
+    try:
+      found = translator.search_ids(model.params, sources, nbest,
+                                    sentence_ids=[first + i for i in rows],
+                                    on_batch=progress.add,
+                                    prefixes=prefixes if target_prefix else None)
+    except ValueError as e:  # a prefix too long for its output (read from standard input)
+      raise UserError(f"line {first + 1} to {first + len(lines)}: {e}") from None
     progress.add(len(lines) - len(rows))  # empty lines
     hyps: list[list[tuple[str, Hypothesis]]] = [[] for _ in lines]
     for i, found_i in zip(rows, found, strict=True):
       hyps[i] = [(tokenizer.decode(h.ids), h) for h in found_i]
     out = []
-    for line, line_hyps in zip(lines, hyps, strict=True):
+    for (line, prefix), line_hyps in zip(texts, hyps, strict=True):
       if output_format == "jsonl":
-        out.append(hypotheses_json(line, line_hyps) + "\n")
+        out.append(hypotheses_json(line, line_hyps, prefix if target_prefix else None) + "\n")
       else:
         texts = [t for t, _ in line_hyps][:nbest]
         out.append("".join(t + "\n" for t in texts + [""] * (nbest - len(texts))))

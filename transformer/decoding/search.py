@@ -24,6 +24,17 @@ would otherwise emit it: OPUS-MT models forbid theirs). It is removed after the 
 Hugging Face's `bad_words_ids` does in beam search: the other tokens keep their log
 probabilities, which are not renormalised.
 
+`normalize=False` says that `tokens_to_logits` returns log probabilities already (an
+ensemble's weighted average of its members' log probabilities, `translate.decode_hypotheses`),
+which the searches then use as they are instead of applying a log-softmax.
+
+`prefix` int32[B, P] with `prefix_lengths` int32[B], if given, forces the first
+`prefix_lengths[b]` tokens of sentence b's every hypothesis (a forced target prefix: what
+interactive translation and terminology constraints need); each forced token keeps its log
+probability under the model, so a hypothesis's log probability is that of the whole
+sequence, prefix included. A prefix must leave room for the EOS (`prefix_lengths[b] <
+max_lengths[b]`).
+
 Both decoders are jit-compatible: pass `tokens_to_logits` through a closure (or as a static
 argument) and keep `max_len`, `beam_size`, `alpha`, `eos_id` and `banned_id` static.
 """
@@ -125,6 +136,9 @@ def greedy_decode(
   max_len: int,
   eos_id: int = 1,
   banned_id: int | None = None,
+  normalize: bool = True,
+  prefix: jax.Array | None = None,
+  prefix_lengths: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
   """Greedy (argmax) decoding with an incremental cache.
 
@@ -137,6 +151,7 @@ def greedy_decode(
     max_len: static size of the output buffer.
     eos_id: the EOS token id.
     banned_id: a token id never chosen, or None.
+    normalize, prefix, prefix_lengths: see the module docstring.
 
   Returns:
     sequences: int32[B, max_len]; each row ends with EOS (at index <= max_lengths[b] - 1) and
@@ -145,13 +160,16 @@ def greedy_decode(
   """
   return _decode_loop(tokens_to_logits, cache, lambda logits, step: jnp.argmax(logits, -1),
                       batch_size=batch_size, max_lengths=max_lengths, max_len=max_len,
-                      eos_id=eos_id, banned_id=banned_id)
+                      eos_id=eos_id, banned_id=banned_id, normalize=normalize, prefix=prefix,
+                      prefix_lengths=prefix_lengths)
 
 
 def _decode_loop(tokens_to_logits: TokensToLogits, cache: PyTree,
                  choose: Callable[[jax.Array, jax.Array], jax.Array], *, batch_size: int,
                  max_lengths: jax.Array, max_len: int, eos_id: int,
-                 banned_id: int | None = None) -> tuple[jax.Array, jax.Array]:
+                 banned_id: int | None = None, normalize: bool = True,
+                 prefix: jax.Array | None = None, prefix_lengths: jax.Array | None = None
+                 ) -> tuple[jax.Array, jax.Array]:
   """One token per row and step, `choose(logits [B, V], step) -> int [B]` (`banned_id`'s logit
   set to -inf first), EOS forced at the row's length limit; returns the sequences
   [B, max_len] and their log probabilities [B] (under the model's unrestricted logits)."""
@@ -167,10 +185,13 @@ def _decode_loop(tokens_to_logits: TokensToLogits, cache: PyTree,
     logits = logits.astype(jnp.float32)
     allowed = logits if banned_id is None else logits.at[:, banned_id].set(NEG_INF)
     token = choose(allowed, step).astype(jnp.int32)
+    if prefix is not None:
+      forced = prefix[:, jnp.minimum(step, prefix.shape[1] - 1)]
+      token = jnp.where(step < prefix_lengths, forced, token)
     token = jnp.where(step + 1 >= max_lengths, eos_id, token)
     # Rows already finished emit padding; their model outputs are ignored.
     token = jnp.where(finished, 0, token)
-    log_probs = jax.nn.log_softmax(logits, axis=-1)
+    log_probs = jax.nn.log_softmax(logits, axis=-1) if normalize else logits
     chosen = jnp.take_along_axis(log_probs, token[:, None], axis=-1)[:, 0]
     total = total + jnp.where(finished, 0.0, chosen)
     seqs = jax.lax.dynamic_update_slice(seqs, token[:, None], (0, step))
@@ -224,6 +245,9 @@ def sample_decode(
   top_p: float = 1.0,
   eos_id: int = 1,
   banned_id: int | None = None,
+  normalize: bool = True,
+  prefix: jax.Array | None = None,
+  prefix_lengths: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
   """Ancestral sampling with an incremental cache: each token is drawn from the model's
   distribution given the tokens before it (`filter_logits` shapes that distribution).
@@ -233,7 +257,8 @@ def sample_decode(
     cache: the decoder cache for batch size B.
     rngs: a key per row, [B]; row b's draw at step t uses fold_in(rngs[b], t), so a row's
       output depends on its key alone, not on the batch it is in.
-    batch_size, max_lengths, max_len, eos_id, banned_id: as for `greedy_decode`.
+    batch_size, max_lengths, max_len, eos_id, banned_id, normalize, prefix, prefix_lengths:
+      as for `greedy_decode`.
     temperature, top_k, top_p: see `filter_logits` (static).
 
   Returns:
@@ -251,7 +276,8 @@ def sample_decode(
 
   return _decode_loop(tokens_to_logits, cache, choose, batch_size=batch_size,
                       max_lengths=max_lengths, max_len=max_len, eos_id=eos_id,
-                      banned_id=banned_id)
+                      banned_id=banned_id, normalize=normalize, prefix=prefix,
+                      prefix_lengths=prefix_lengths)
 
 
 def beam_search(
@@ -267,6 +293,9 @@ def beam_search(
   reorder: PyTree | None = None,
   num_hypotheses: int | None = None,
   banned_id: int | None = None,
+  normalize: bool = True,
+  prefix: jax.Array | None = None,
+  prefix_lengths: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Beam search with the GNMT length penalty and an incremental cache.
 
@@ -308,6 +337,8 @@ def beam_search(
       that is reordered (the Transformer's self-attention caches with `kv_owner`,
       `translate.init_cache` with beams and `translate.beam_reorder_mask`).
     banned_id: a token id no hypothesis contains, or None.
+    normalize, prefix, prefix_lengths: see the module docstring (prefix rows per sentence,
+      [B, P] and [B]: every beam of a sentence starts with its prefix).
 
   Returns:
     sequences: int32[B, K, max_len], best first, 0 after the EOS.
@@ -332,11 +363,16 @@ def beam_search(
   def body(state):
     step, done = state["step"], state["done"]
     logits, cache = tokens_to_logits(flatten_beams(state["live_last"])[:, None], state["cache"])
-    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    logits = logits.astype(jnp.float32)
+    log_probs = jax.nn.log_softmax(logits, axis=-1) if normalize else logits
     log_probs = unflatten_beams(log_probs, batch_size)  # [B, K, V]
     vocab = log_probs.shape[-1]
     if banned_id is not None:
       log_probs = jnp.where(jnp.arange(vocab) == banned_id, NEG_INF, log_probs)
+    if prefix is not None:
+      forced = prefix[:, jnp.minimum(step, prefix.shape[1] - 1)][:, None, None]  # [B, 1, 1]
+      in_prefix = (step < prefix_lengths)[:, None, None]
+      log_probs = jnp.where(in_prefix & (jnp.arange(vocab) != forced), NEG_INF, log_probs)
     forced = (step + 1 >= max_lengths)[:, None, None]
     log_probs = jnp.where(forced & (jnp.arange(vocab) != eos_id), NEG_INF, log_probs)
 

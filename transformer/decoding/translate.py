@@ -128,9 +128,26 @@ class Search:
     return {"beam": self.beam_size, "greedy": 1, "sample": 0}[self.method]
 
 
-def decode_hypotheses(params: Any, inputs: Array, model_config: ModelConfig, search: Search, *,
-                      nbest: int = 1, max_len: int, sentence_ids: Array | None = None,
+def members(params: Any, model_config: ModelConfig | tuple[ModelConfig, ...],
+            weights: Sequence[float] | None = None
+            ) -> tuple[tuple[Any, ...], tuple[ModelConfig, ...], tuple[float, ...]] | None:
+  """An ensemble's (params, configs, weights), weights normalised to sum to 1; None for one
+  model. An ensemble is a tuple of configs with a tuple of parameters (one per member)."""
+  if not isinstance(model_config, tuple):
+    return None
+  weights = tuple(weights) if weights is not None else (1.0,) * len(model_config)
+  if len(params) != len(model_config) or len(weights) != len(model_config):
+    raise ValueError(f"an ensemble needs as many parameters and weights as members: "
+                     f"{len(params)}, {len(weights)}, {len(model_config)}")
+  total = float(sum(weights))
+  return tuple(params), model_config, tuple(float(w) / total for w in weights)
+
+
+def decode_hypotheses(params: Any, inputs: Array, model_config: ModelConfig | tuple,
+                      search: Search, *, nbest: int = 1, max_len: int,
+                      sentence_ids: Array | None = None,
                       logits_filter: Callable[[Array, Array], Array] | None = None,
+                      weights: Sequence[float] | None = None, prefix: Array | None = None,
                       ) -> tuple[Array, Array, Array]:
   """The `nbest` hypotheses of each source in `inputs` int32 [b, s] (0-padded, EOS-terminated).
 
@@ -143,50 +160,84 @@ def decode_hypotheses(params: Any, inputs: Array, model_config: ModelConfig, sea
   (the decoding benchmark forces exact output lengths with it); its step counter travels
   with the cache, so beam search tiles and reorders it too.
 
+  An ensemble: `model_config` a tuple of the members' configs and `params` a tuple of their
+  parameters (`members`). Each member encodes the source and keeps its own cache; at every step
+  the search sees the members' log probabilities averaged with `weights` (default equal),
+  sum_i w_i log p_i(y | x, y<t), for every search method.
+
+  `prefix` int32 [b, P] (0-padded), if given, forces the first tokens of every hypothesis of
+  each source (`search.beam_search`'s `prefix`); an all-zero row forces nothing.
+
   Returns:
     sequences int32 [b, nbest, max_len] (0 after EOS), best first for beam search, in draw
     order for sampling; scores float32 [b, nbest], log_prob / lp(length) (the beam's score);
     log_probs float32 [b, nbest], the sum of the tokens' log probabilities, EOS included.
   """
+  ensemble = members(params, model_config, weights)
+  all_params, configs, member_weights = ensemble or ((params,), (model_config,), (1.0,))
   rows = nbest if search.method == "sample" else 1
   beams = search.beam_size if search.method == "beam" else 1
   banned = PAD_ID if search.suppress_padding else None
-  model = build_model(model_config)
-  step_model = build_model(model_config, incremental=True)
-  encoded = model.apply({"params": params}, inputs, method=type(model).encode)
-  if rows > 1:
-    encoded, inputs = decode_lib.tile_beams((encoded, inputs), rows)
-  batch = inputs.shape[0]
   src_lengths = jnp.sum(inputs > 0, axis=-1).astype(jnp.int32)
   max_lengths = jnp.minimum(src_lengths + search.max_extra_len, max_len)
-  cache = init_cache(model_config, batch, inputs.shape[1], max_len, beams)
-  cache = prefill_cache(model_config, params, encoded, inputs, cache)
-  reorder = beam_reorder_mask(cache)
+  prefix_lengths = None if prefix is None else jnp.sum(prefix > 0, axis=-1).astype(jnp.int32)
+  steps, caches, reorders, encodings = [], [], [], []
+  for member_params, config in zip(all_params, configs, strict=True):
+    model = build_model(config)
+    encoded = model.apply({"params": member_params}, inputs, method=type(model).encode)
+    member_inputs = inputs
+    if rows > 1:
+      encoded, member_inputs = decode_lib.tile_beams((encoded, inputs), rows)
+    cache = init_cache(config, member_inputs.shape[0], inputs.shape[1], max_len, beams)
+    cache = prefill_cache(config, member_params, encoded, member_inputs, cache)
+    reorders.append(beam_reorder_mask(cache))
+    caches.append(cache)
+    if beams > 1:
+      encoded, member_inputs = decode_lib.tile_beams((encoded, member_inputs), beams)
+    encodings.append((encoded, member_inputs))
+    steps.append(build_model(config, incremental=True))
+  if rows > 1:
+    max_lengths, prefix, prefix_lengths = decode_lib.tile_beams(
+      (max_lengths, prefix, prefix_lengths), rows)
+  batch = inputs.shape[0] * rows
+  cache, reorder = (caches[0], reorders[0]) if ensemble is None else (tuple(caches),
+                                                                      tuple(reorders))
   if logits_filter is not None:
     cache, reorder = (cache, jnp.zeros((batch,), jnp.int32)), (reorder, True)
-  if beams > 1:
-    encoded, inputs = decode_lib.tile_beams((encoded, inputs), beams)
+
+  def member_logits(i, ids, member_cache):
+    encoded, member_inputs = encodings[i]
+    logits, mutated = steps[i].apply(
+      {"params": all_params[i], "cache": member_cache}, encoded, member_inputs, ids,
+      method=type(steps[i]).decode_logits, mutable=["cache"])
+    return logits[:, -1, :], mutated["cache"]
 
   def tokens_to_logits(ids, cache):
     model_cache, step = cache if logits_filter is not None else (cache, None)
-    logits, mutated = step_model.apply(
-      {"params": params, "cache": model_cache}, encoded, inputs, ids,
-      method=type(step_model).decode_logits, mutable=["cache"],
-    )
+    if ensemble is None:
+      logits, model_cache = member_logits(0, ids, model_cache)
+    else:
+      # The members' weighted log probabilities: the search uses them as they are.
+      outs = [member_logits(i, ids, c) for i, c in enumerate(model_cache)]
+      logits = sum(w * jax.nn.log_softmax(out.astype(jnp.float32), axis=-1)
+                   for w, (out, _) in zip(member_weights, outs, strict=True))
+      model_cache = tuple(c for _, c in outs)
     if logits_filter is None:
-      return logits[:, -1, :], mutated["cache"]
-    return logits_filter(logits[:, -1, :], step), (mutated["cache"], step + 1)
+      return logits, model_cache
+    return logits_filter(logits, step), (model_cache, step + 1)
 
+  options = dict(banned_id=banned, normalize=ensemble is None, prefix=prefix,
+                 prefix_lengths=prefix_lengths)
   if search.method == "beam":
     seqs, scores, log_probs = decode_lib.beam_search(
       tokens_to_logits, cache, batch_size=batch, beam_size=beams, alpha=search.alpha,
       max_lengths=max_lengths, max_len=max_len, reorder=reorder, num_hypotheses=nbest,
-      banned_id=banned)
+      **options)
     return seqs[:, :nbest], scores[:, :nbest], log_probs[:, :nbest]
   if search.method == "greedy":
     seqs, log_probs = decode_lib.greedy_decode(tokens_to_logits, cache, batch_size=batch,
                                                max_lengths=max_lengths, max_len=max_len,
-                                               banned_id=banned)
+                                               **options)
   else:
     ids = jnp.arange(batch // rows) if sentence_ids is None else sentence_ids
     sources = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(jax.random.key(search.seed), ids)
@@ -195,7 +246,7 @@ def decode_hypotheses(params: Any, inputs: Array, model_config: ModelConfig, sea
     seqs, log_probs = decode_lib.sample_decode(
       tokens_to_logits, cache, rngs=keys, batch_size=batch, max_lengths=max_lengths,
       max_len=max_len, temperature=search.temperature, top_k=search.top_k, top_p=search.top_p,
-      banned_id=banned)
+      **options)
   lengths = jnp.sum(seqs > 0, axis=-1)
   scores = log_probs / decode_lib.length_penalty(lengths, search.alpha)
   unflat = lambda x: decode_lib.unflatten_beams(x, batch // rows)
@@ -214,15 +265,23 @@ def decode_tokens(params: Any, inputs: Array, model_config: ModelConfig, *, beam
 
 
 def target_log_probs(params: Any, inputs: Array, targets: Array,
-                     model_config: ModelConfig) -> Array:
+                     model_config: ModelConfig | tuple,
+                     weights: Sequence[float] | None = None) -> Array:
   """log p(target | source) of each pair: the sum over the target's tokens (EOS included) of
   their natural-log probabilities under the model, teacher-forced. inputs int32 [b, s],
-  targets int32 [b, t] (0-padded, EOS-terminated) -> float32 [b]."""
-  model = build_model(model_config)
-  logits = model.apply({"params": params}, inputs, targets)
-  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-  token = jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
-  return jnp.sum(jnp.where(targets > 0, token, 0.0), axis=-1)
+  targets int32 [b, t] (0-padded, EOS-terminated) -> float32 [b]. An ensemble (`members`)
+  scores each token with its members' weighted average log probability, as it searches."""
+  ensemble = members(params, model_config, weights)
+  all_params, configs, member_weights = ensemble or ((params,), (model_config,), (1.0,))
+  total = 0.0
+  for member_params, config, w in zip(all_params, configs, member_weights, strict=True):
+    model = build_model(config)
+    logits = model.apply({"params": member_params}, inputs, targets)
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    token = jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+    token_sum = jnp.sum(jnp.where(targets > 0, token, 0.0), axis=-1)
+    total = token_sum if ensemble is None else total + w * token_sum
+  return total
 
 
 @dataclasses.dataclass(frozen=True)
@@ -242,11 +301,20 @@ class Translator:
   and `decode.tokens_per_batch` padded source tokens, padded to the bucket lengths (one
   compiled program per length), every process holding the whole batch and each device its
   rows of it.
+
+  An ensemble translates as one model: `model_config` and `param_shardings` are tuples with an
+  entry per member, the parameters passed to its methods a tuple too, and `weights` (default
+  equal) weigh the members' log probabilities (`decode_hypotheses`).
   """
 
-  def __init__(self, model_config: ModelConfig, decode_config: Any, mesh: Mesh,
-               param_shardings: Any, bucket_lengths: Sequence[int] = ()):
+  def __init__(self, model_config: ModelConfig | tuple[ModelConfig, ...], decode_config: Any,
+               mesh: Mesh, param_shardings: Any, bucket_lengths: Sequence[int] = (),
+               weights: Sequence[float] | None = None):
     self.model_config = model_config
+    self.weights = None if weights is None else tuple(float(w) for w in weights)
+    configs = model_config if isinstance(model_config, tuple) else (model_config,)
+    # The longest sequence every member can take.
+    self.max_len = min(c.max_len for c in configs)
     self.mesh = mesh
     self.search = Search.from_config(decode_config)
     self.beam_size = self.search.beam_size
@@ -258,22 +326,30 @@ class Translator:
     self._param_shardings = param_shardings
     self._fns: dict[tuple, Any] = {}
 
-  def _decode_fn(self, nbest: int, src_len: int, max_len: int):
-    key = ("decode", nbest, src_len, max_len)
+  def _decode_fn(self, nbest: int, src_len: int, max_len: int, prefixed: bool = False):
+    key = ("decode", nbest, src_len, max_len, prefixed)
     if key not in self._fns:
       fn = functools.partial(decode_hypotheses, model_config=self.model_config,
-                             search=self.search, nbest=nbest, max_len=max_len)
+                             search=self.search, nbest=nbest, max_len=max_len,
+                             weights=self.weights)
       batch = sharding_lib.batch_sharding(self.mesh)
-      self._fns[key] = jax.jit(
-        lambda params, inputs, ids: fn(params, inputs, sentence_ids=ids),
-        in_shardings=(self._param_shardings, batch, batch),
-        out_shardings=NamedSharding(self.mesh, PartitionSpec()))
+      replicated = NamedSharding(self.mesh, PartitionSpec())
+      if prefixed:
+        self._fns[key] = jax.jit(
+          lambda params, inputs, ids, prefix: fn(params, inputs, sentence_ids=ids,
+                                                 prefix=prefix),
+          in_shardings=(self._param_shardings, batch, batch, batch), out_shardings=replicated)
+      else:
+        self._fns[key] = jax.jit(
+          lambda params, inputs, ids: fn(params, inputs, sentence_ids=ids),
+          in_shardings=(self._param_shardings, batch, batch), out_shardings=replicated)
     return self._fns[key]
 
   def _score_fn(self, length: int):
     key = ("score", length)
     if key not in self._fns:
-      fn = functools.partial(target_log_probs, model_config=self.model_config)
+      fn = functools.partial(target_log_probs, model_config=self.model_config,
+                             weights=self.weights)
       batch = sharding_lib.batch_sharding(self.mesh)
       self._fns[key] = jax.jit(fn, in_shardings=(self._param_shardings, batch, batch),
                                out_shardings=NamedSharding(self.mesh, PartitionSpec()))
@@ -314,24 +390,41 @@ class Translator:
       arr[row, : len(ids)] = ids
     return arr
 
+  def output_limit(self, source_length: int) -> int:
+    """The longest output (EOS included) of a source of `source_length` tokens (EOS
+    included): its length + `decode.max_extra_len`, within the model's `max_len`."""
+    src_len = min(source_length, self.max_len - self.max_extra_len)
+    return min(src_len + self.max_extra_len, self.max_len)
+
   def search_ids(self, params: Any, sources: Sequence[Sequence[int]], nbest: int = 1,
                  sentence_ids: Sequence[int] | None = None,
-                 on_batch: Callable[[int], None] | None = None) -> list[list[Hypothesis]]:
+                 on_batch: Callable[[int], None] | None = None,
+                 prefixes: Sequence[Sequence[int]] | None = None) -> list[list[Hypothesis]]:
     """The `nbest` hypotheses of each token-id source (EOS-terminated), best first (samples:
     in draw order). `sentence_ids` (default 0, 1, ...) key the samples of each source;
-    `on_batch(n)` is called after each batch of n sources."""
+    `on_batch(n)` is called after each batch of n sources. `prefixes` (token ids without
+    EOS, one per source; empty: none) force the start of every hypothesis of their source;
+    each must be shorter than `output_limit` of its source (ValueError)."""
     results: list[list[Hypothesis]] = [[] for _ in sources]
     if sentence_ids is None:
       sentence_ids = range(len(sources))
-    max_src = self.model_config.max_len - self.max_extra_len
+    if prefixes is not None:
+      for i, (src, prefix) in enumerate(zip(sources, prefixes, strict=True)):
+        if len(prefix) >= self.output_limit(len(src)):
+          raise ValueError(f"prefix {i} has {len(prefix)} tokens: the output of its source is "
+                           f"at most {self.output_limit(len(src))} tokens, EOS included")
+    max_src = self.max_len - self.max_extra_len
     for idx, length in self.batches([len(s) for s in sources]):
       src_len = min(length, max_src)
       rows = self.rows_per_batch(length)
       arr = self._padded([sources[i] for i in idx], rows, src_len)
       ids = np.zeros((rows,), np.int32)
       ids[: len(idx)] = [sentence_ids[i] for i in idx]
-      max_len = min(src_len + self.max_extra_len, self.model_config.max_len)
-      out = self._decode_fn(nbest, src_len, max_len)(params, self._global(arr), self._global(ids))
+      max_len = min(src_len + self.max_extra_len, self.max_len)
+      args = [params, self._global(arr), self._global(ids)]
+      if prefixes is not None:
+        args.append(self._global(self._padded([prefixes[i] for i in idx], rows, max_len)))
+      out = self._decode_fn(nbest, src_len, max_len, prefixes is not None)(*args)
       seqs, scores, log_probs = (np.asarray(x) for x in jax.device_get(out))
       for row, i in enumerate(idx):
         results[i] = [Hypothesis(_until_eos(seqs[row, n]), float(scores[row, n]),
@@ -351,7 +444,7 @@ class Translator:
     """log p(target | source) of each (source ids, target ids) pair (`target_log_probs`)."""
     results = [0.0] * len(pairs)
     for idx, length in self.batches([max(len(s), len(t)) for s, t in pairs]):
-      length = min(length, self.model_config.max_len)
+      length = min(length, self.max_len)
       rows = self.rows_per_batch(length)
       src = self._padded([pairs[i][0] for i in idx], rows, length)
       tgt = self._padded([pairs[i][1] for i in idx], rows, length)
