@@ -121,6 +121,7 @@ def base_config() -> config_dict.ConfigDict:
   # ... and at most this many padded source tokens per batch (global, over the mesh).
   config.decode.tokens_per_batch = 4096
   # beam (the paper's search) | greedy | sample (ancestral sampling, e.g. for back-translation)
+  # | mbr (minimum Bayes risk over candidates, below)
   config.decode.method = "beam"
   # Sampling only: logits / temperature, then the top_k most likely tokens (0: all), then the
   # smallest set whose probability reaches top_p (1.0: all); seed fixes the draws.
@@ -128,6 +129,13 @@ def base_config() -> config_dict.ConfigDict:
   config.decode.top_k = 0
   config.decode.top_p = 1.0
   config.decode.seed = 0
+  # mbr: minimum Bayes risk decoding (transformer/decoding/mbr.py): mbr_candidates candidates
+  # from mbr_sampler ('sample', with the fields above, or 'beam': the n-best list, at most
+  # beam_size), the one with the highest expected utility against the others (mbr_utility:
+  # 'chrf' or 'bleu', sacrebleu's sentence scores).
+  config.decode.mbr_candidates = 16
+  config.decode.mbr_sampler = "sample"
+  config.decode.mbr_utility = "chrf"
   # Never output the padding id (0); set for imported OPUS-MT models, whose configs forbid it.
   config.decode.suppress_padding = False
   # Corpus translation reads and translates this many input lines at a time.

@@ -552,6 +552,11 @@ def test_beam_search_decodes_the_lstm_baseline():
 # ----------------------------------------------------------------- forced prefixes, ensembles
 
 
+def _until_eos(seq):
+  tokens = [int(x) for x in seq]
+  return tuple(tokens[: tokens.index(EOS) + 1])
+
+
 def _beam_with(table, prefix, lengths, *, max_len, beam_size, alpha, normalize=True,
                tokens_to_logits=None):
   sentences = jnp.arange(table.shape[0])
@@ -578,7 +583,7 @@ def test_beam_search_with_a_prefix_is_exhaustive_search_over_the_prefixed_sequen
                                max_len=max_len, beam_size=128, alpha=alpha)
   for b, p in enumerate(prefixes):
     want = [(s, t) for s, t in all_hypotheses(table, b, max_len, alpha) if t[:len(p)] == tuple(p)]
-    got = [(float(scores[b, k]), tuple(int(x) for x in seqs[b, k] if x))
+    got = [(float(scores[b, k]), _until_eos(seqs[b, k]))
            for k in range(128) if scores[b, k] > -np.inf]
     assert [t for _, t in got] == [t for _, t in want]
     np.testing.assert_allclose([s for s, _ in got], [s for s, _ in want], rtol=1e-5, atol=1e-5)
@@ -630,7 +635,7 @@ def test_an_ensembles_beam_search_is_exhaustive_search_of_the_averaged_log_proba
         lp = ((5.0 + length) / 6.0) ** alpha
         want.append((sequence_log_prob(mixed, b, tokens) / lp, tokens))
     want.sort(key=lambda h: -h[0])
-    got = [(float(scores[b, k]), tuple(int(x) for x in seqs[b, k] if x)) for k in range(128)
+    got = [(float(scores[b, k]), _until_eos(seqs[b, k])) for k in range(128)
            if scores[b, k] > -np.inf]
     assert [t for _, t in got] == [t for _, t in want]
     np.testing.assert_allclose([s for s, _ in got], [s for s, _ in want], rtol=1e-5, atol=1e-5)

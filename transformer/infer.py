@@ -99,7 +99,8 @@ def restore(config: Any, workdir: str, average: int | None = None,
   label = selected.label + (" (EMA)" if ema else "")
   # The training run's buckets, so translation pads to the lengths training compiled.
   translator = Translator(model_config, config.decode, layout.mesh, layout.param_shardings,
-                          bucketing.workdir_buckets(config, workdir))
+                          bucketing.workdir_buckets(config, workdir),
+                          detokenize=tokenizer.decode)
   return Restored(tokenizer, layout, translator, params, label, max(selected.steps))
 
 
@@ -164,7 +165,8 @@ def restore_ensemble(config: Any, workdir: str, members: Sequence[str],
   configs = tuple(m.layout.model_config for m in models)
   translator = Translator(configs, config.decode, first.layout.mesh,
                           tuple(m.layout.param_shardings for m in models),
-                          bucketing.workdir_buckets(config, workdir), weights=weights)
+                          bucketing.workdir_buckets(config, workdir), weights=weights,
+                          detokenize=first.tokenizer.decode)
   shares = translator.weights or (1.0,) * len(models)
   total = sum(shares)
   label = "ensemble of " + ", ".join(

@@ -182,7 +182,8 @@ def average(config: Any, workdir: str, request: Request) -> None:
     process_count=jax.process_count(), buckets=buckets)
   context = evaluators.Context(
     layout, lambda decode: Translator(layout.model_config, decode, layout.mesh,
-                                      layout.param_shardings, buckets),
+                                      layout.param_shardings, buckets,
+                                      detokenize=model.tokenizer.decode),
     model.tokenizer, batches, references, workdir, config)
   evals = evaluators.build(evaluators.of_config(config), context)
   result = evaluators.run_all(evals, model.params, model.step, tag="average_")

@@ -63,10 +63,13 @@ def check_request(mode: str, nbest: int, output_format: str, search: Any,
   if mode == "translate":
     most = search.max_hypotheses()
     if most and nbest > most:
-      raise UserError(f"--nbest={nbest}: must be <= decode.beam_size={search.beam_size} with "
-                      f"decode.method={search.method!r}" if search.method == "beam" else
-                      f"--nbest={nbest}: decode.method='greedy' finds one hypothesis; use "
-                      "decode.method='beam' or 'sample' for more")
+      raise UserError(
+        f"--nbest={nbest}: must be <= decode.beam_size={search.beam_size} with "
+        f"decode.method={search.method!r}" if search.method == "beam" else
+        f"--nbest={nbest}: must be <= decode.mbr_candidates={search.mbr_candidates} with "
+        "decode.method='mbr'" if search.method == "mbr" else
+        f"--nbest={nbest}: decode.method='greedy' finds one hypothesis; use "
+        "decode.method='beam' or 'sample' for more")
   if mode == "score" and input_path is None:
     raise UserError("--mode=score needs --input=FILE of source<TAB>target lines")
   if input_path is not None and not os.path.isfile(input_path):
@@ -277,16 +280,15 @@ def perplexity(log_prob: float, tokens: int) -> float:
 
 
 def hypotheses_json(source: str, hyps: list[tuple[str, Hypothesis]],
-                    prefix: str | None = None, **extra: Any) -> str:
+                    prefix: str | None = None) -> str:
   """One JSON line of translate mode: the source (and its forced target prefix), each
-  hypothesis's text, score and log probability, and what `extra` adds to each hypothesis
-  (e.g. MBR's expected utility: `extra` maps a key to one value per hypothesis)."""
+  hypothesis's text, score and log probability (and MBR's expected utility)."""
   record: dict[str, Any] = {"source": source}
   if prefix is not None:
     record["prefix"] = prefix
   record["hypotheses"] = [
     {"text": text, "score": h.score, "logprob": h.log_prob,
-     **{k: v[n] for k, v in extra.items()}} for n, (text, h) in enumerate(hyps)]
+     **({} if h.utility is None else {"utility": h.utility})} for text, h in hyps]
   return json.dumps(record, ensure_ascii=False)
 
 

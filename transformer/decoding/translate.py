@@ -20,6 +20,7 @@ from transformer import sharding as sharding_lib
 from transformer import storage
 from transformer.data.tokenizer import EOS_ID, PAD_ID, truncate
 from transformer.decoding import bleu as bleu_lib
+from transformer.decoding import mbr as mbr_lib
 from transformer.decoding import search as decode_lib
 from transformer.nn import model as model_lib
 from transformer.nn.model import ModelConfig
@@ -98,7 +99,7 @@ def prefill_cache(model_config: ModelConfig, params: Any, encoded: Array, inputs
   return mutated["cache"]
 
 
-METHODS = ("beam", "greedy", "sample")
+METHODS = ("beam", "greedy", "sample", "mbr")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,6 +117,11 @@ class Search:
   seed: int = 0
   # Never choose the padding id (0): OPUS-MT models forbid it (Hugging Face's bad_words_ids).
   suppress_padding: bool = False
+  # method 'mbr' (transformer/decoding/mbr.py): this many candidates from the sampler
+  # ('sample' or 'beam'), ranked by their expected utility ('chrf' or 'bleu').
+  mbr_candidates: int = 16
+  mbr_sampler: str = "sample"
+  mbr_utility: str = "chrf"
 
   @classmethod
   def from_config(cls, decode_config: Any) -> Search:
@@ -125,7 +131,14 @@ class Search:
 
   def max_hypotheses(self) -> int:
     """The most hypotheses per source this search can give (`--nbest`); 0: any number."""
-    return {"beam": self.beam_size, "greedy": 1, "sample": 0}[self.method]
+    return {"beam": self.beam_size, "greedy": 1, "sample": 0,
+            "mbr": self.mbr_candidates}[self.method]
+
+  def candidate_search(self) -> Search:
+    """The search that runs on the devices: MBR's sampler (its candidates), else this one."""
+    if self.method != "mbr":
+      return self
+    return dataclasses.replace(self, method=self.mbr_sampler)
 
 
 def members(params: Any, model_config: ModelConfig | tuple[ModelConfig, ...],
@@ -287,11 +300,14 @@ def target_log_probs(params: Any, inputs: Array, targets: Array,
 @dataclasses.dataclass(frozen=True)
 class Hypothesis:
   """One output of the search: token ids (up to, excluding, EOS), the search's length-
-  normalised score, and the sum of the tokens' log probabilities (EOS included)."""
+  normalised score, and the sum of the tokens' log probabilities (EOS included); an MBR
+  search's hypotheses also carry their expected utility."""
 
   ids: list[int]
   score: float
   log_prob: float
+  # MBR's expected utility against the other candidates (`mbr.expected_utilities`); else None.
+  utility: float | None = None
 
 
 class Translator:
@@ -305,12 +321,17 @@ class Translator:
   An ensemble translates as one model: `model_config` and `param_shardings` are tuples with an
   entry per member, the parameters passed to its methods a tuple too, and `weights` (default
   equal) weigh the members' log probabilities (`decode_hypotheses`).
+
+  MBR (`decode.method='mbr'`) needs `detokenize` (token ids -> text, the tokenizer's
+  `decode`): the candidates are compared as text.
   """
 
   def __init__(self, model_config: ModelConfig | tuple[ModelConfig, ...], decode_config: Any,
                mesh: Mesh, param_shardings: Any, bucket_lengths: Sequence[int] = (),
-               weights: Sequence[float] | None = None):
+               weights: Sequence[float] | None = None,
+               detokenize: Callable[[Sequence[int]], str] | None = None):
     self.model_config = model_config
+    self.detokenize = detokenize
     self.weights = None if weights is None else tuple(float(w) for w in weights)
     configs = model_config if isinstance(model_config, tuple) else (model_config,)
     # The longest sequence every member can take.
@@ -330,8 +351,8 @@ class Translator:
     key = ("decode", nbest, src_len, max_len, prefixed)
     if key not in self._fns:
       fn = functools.partial(decode_hypotheses, model_config=self.model_config,
-                             search=self.search, nbest=nbest, max_len=max_len,
-                             weights=self.weights)
+                             search=self.search.candidate_search(), nbest=nbest,
+                             max_len=max_len, weights=self.weights)
       batch = sharding_lib.batch_sharding(self.mesh)
       replicated = NamedSharding(self.mesh, PartitionSpec())
       if prefixed:
@@ -404,7 +425,16 @@ class Translator:
     in draw order). `sentence_ids` (default 0, 1, ...) key the samples of each source;
     `on_batch(n)` is called after each batch of n sources. `prefixes` (token ids without
     EOS, one per source; empty: none) force the start of every hypothesis of their source;
-    each must be shorter than `output_limit` of its source (ValueError)."""
+    each must be shorter than `output_limit` of its source (ValueError). MBR: the
+    `decode.mbr_candidates` candidates ranked by expected utility, the `nbest` first."""
+    if self.search.method == "mbr":
+      return self._mbr(params, sources, nbest, sentence_ids, on_batch, prefixes)
+    return self._search(params, sources, nbest, sentence_ids, on_batch, prefixes)
+
+  def _search(self, params: Any, sources: Sequence[Sequence[int]], nbest: int,
+              sentence_ids: Sequence[int] | None, on_batch: Callable[[int], None] | None,
+              prefixes: Sequence[Sequence[int]] | None) -> list[list[Hypothesis]]:
+    """`search_ids` on the devices, with `decode.method`'s search or MBR's sampler."""
     results: list[list[Hypothesis]] = [[] for _ in sources]
     if sentence_ids is None:
       sentence_ids = range(len(sources))
@@ -433,6 +463,25 @@ class Translator:
       if on_batch is not None:
         on_batch(len(idx))
     return results
+
+  def _mbr(self, params: Any, sources: Sequence[Sequence[int]], nbest: int,
+           sentence_ids: Sequence[int] | None, on_batch: Callable[[int], None] | None,
+           prefixes: Sequence[Sequence[int]] | None) -> list[list[Hypothesis]]:
+    """The candidates of MBR's sampler, ranked by expected utility (`mbr.rank`)."""
+    if self.detokenize is None:
+      raise ValueError("decode.method='mbr' compares candidates as text: the Translator needs "
+                       "`detokenize`")
+    found = self._search(params, sources, self.search.mbr_candidates, sentence_ids, on_batch,
+                         prefixes)
+    out = []
+    for candidates in found:
+      if len(candidates) < 2:
+        out.append(candidates[:nbest])
+        continue
+      ranked = mbr_lib.rank([self.detokenize(h.ids) for h in candidates],
+                            self.search.mbr_utility)
+      out.append([dataclasses.replace(candidates[i], utility=u) for i, u in ranked[:nbest]])
+    return out
 
   def translate_ids(self, params: Any, sources: Sequence[Sequence[int]]) -> list[list[int]]:
     """Token-id sentences (EOS-terminated) -> the best output's token ids (up to, excluding,

@@ -237,7 +237,8 @@ def _train_and_evaluate(config: Any, workdir: str, model_config: ModelConfig,
     writer.truncate_after(step)
     context = evaluators.Context(
       trainer.layout, lambda decode: Translator(model_config, decode, mesh,
-                                                trainer.layout.param_shardings, data.buckets),
+                                                trainer.layout.param_shardings, data.buckets,
+                                                detokenize=data.tokenizer.decode),
       data.tokenizer, data.eval, data.references, workdir, config)
     evals = evaluators.build(evaluators.of_config(config), context)
     logging.info("Model: %s parameters; mesh %s; batch shapes %s",

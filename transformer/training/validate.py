@@ -26,6 +26,7 @@ from transformer import workdir as workdir_lib
 from transformer.data import numbers
 from transformer.data.bucketing import BUCKET_MULTIPLE
 from transformer.data.plan_cache import AUTO
+from transformer.decoding import mbr
 from transformer.decoding.translate import METHODS
 from transformer.errors import ConfigError, show
 from transformer.nn import attention as attn_lib
@@ -335,6 +336,10 @@ FIELDS: dict[str, Check] = {
   "decode.seed": integer(0, MAX_SEED, optional=True),
   "decode.suppress_padding": flag(optional=True),
   "decode.chunk_size": integer(1, MAX_TOKENS, optional=True),
+  "decode.mbr_candidates": integer(2, MAX_COUNT, " (the candidates of decode.method='mbr')",
+                                   optional=True),
+  "decode.mbr_sampler": choice(mbr.SAMPLERS, optional=True),
+  "decode.mbr_utility": choice(mbr.UTILITIES, optional=True),
   # The system.
   "compilation_cache_dir": Check(_accepting(
     lambda v: v is None or (isinstance(v, str) and "\n" not in v),
@@ -527,6 +532,18 @@ def _check_decoding(config: Any, mc: ModelConfig) -> None:
       f"model.max_len={mc.max_len} = {tokens:,} tokens of decoder state; must be at most "
       f"{MAX_TOKENS:,}"
     )
+  if decode.get("method") == "mbr":
+    candidates = decode.get("mbr_candidates", 16)
+    if decode.get("mbr_sampler", "sample") == "beam" and candidates > decode.beam_size:
+      raise ConfigError(f"decode.mbr_candidates={candidates}: with decode.mbr_sampler='beam' "
+                        f"the candidates are the beam's n-best list, at most "
+                        f"decode.beam_size={decode.beam_size}")
+    tokens = decode.batch_size * candidates * mc.max_len
+    if tokens > MAX_TOKENS:
+      raise ConfigError(
+        f"decode.batch_size={decode.batch_size} x decode.mbr_candidates={candidates} x "
+        f"model.max_len={mc.max_len} = {tokens:,} tokens of decoder state; must be at most "
+        f"{MAX_TOKENS:,}")
 
 
 def _check_mesh(config: Any, mc: ModelConfig, num_devices: int) -> tuple[int, int, int]:
