@@ -82,7 +82,7 @@ def run_benchmark(workdir: str, input_path: str | None, lines: int, rounds: int,
   from transformer.interop import export
 
   if workdir_lib.load(workdir) is None:
-    raise UserError(f"--workdir={workdir}: no config.json; train it first")
+    raise UserError(f"--workdir={workdir}: no {workdir_lib.CONFIG}; train it first")
   scratch = tempfile.mkdtemp(prefix="corpus-bench-")
   if input_path is None:
     input_path = os.path.join(scratch, "input.txt")

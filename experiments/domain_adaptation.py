@@ -112,7 +112,7 @@ def run(general_workdir: str, out_dir: str, train_pairs: int, heldout: int, step
 
   general = workdir_lib.load(general_workdir)
   if general is None:
-    raise UserError(f"--general={general_workdir}: no config.json; train it first")
+    raise UserError(f"--general={general_workdir}: no {workdir_lib.CONFIG}; train it first")
   if os.path.exists(out_dir):
     raise UserError(f"--workdir={out_dir} exists: give a new directory")
   files = write_corpus(os.path.join(out_dir, "corpus"), train_pairs, heldout)

@@ -48,7 +48,7 @@ def run(workdir: str, num_pairs: int, noise: float, seed: int) -> dict[str, Any]
 
   config = workdir_lib.load(workdir)
   if config is None:
-    raise UserError(f"--workdir={workdir}: no config.json; train it first")
+    raise UserError(f"--workdir={workdir}: no {workdir_lib.CONFIG}; train it first")
   pairs, noisy = noisy_corpus(list(nb.generate("test", num_pairs)), noise, seed)
   scratch = tempfile.mkdtemp(prefix="noisy-pairs-")
   tsv, out = os.path.join(scratch, "pairs.tsv"), os.path.join(scratch, "scores.jsonl")

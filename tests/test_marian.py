@@ -28,7 +28,7 @@ from transformer.data import vocabulary
 from transformer.data.marian_tokenizer import MarianTokenizer
 from transformer.data.tokenizer import SOURCE, TARGET
 from transformer.errors import UserError
-from transformer.interop import export, marian, safetensors_reader
+from transformer.interop import export, marian, safetensors_file
 from transformer.nn.model import sinusoidal_positions
 from transformer.nn.model_family import build_model
 
@@ -289,7 +289,7 @@ def test_torch_weights_need_torch_or_are_read_with_it(tmp_path):
     assert "model.safetensors" in str(info.value) and "\n" not in str(info.value)
     return
   from_torch = marian.read_weights(weights)
-  from_safetensors = safetensors_reader.read(os.path.join(FIXTURE, "model.safetensors"))
+  from_safetensors = safetensors_file.read(os.path.join(FIXTURE, "model.safetensors"))
   for name, value in from_safetensors.items():
     np.testing.assert_array_equal(from_torch[name], value)
 
@@ -305,7 +305,7 @@ def test_a_damaged_weights_file_is_one_line(tmp_path):
     marian.read_weights(path)
 
 
-def test_safetensors_reader_reads_what_the_format_says(tmp_path):
+def test_safetensors_file_reads_what_the_format_says(tmp_path):
   a = np.arange(6, dtype=np.float32).reshape(2, 3)
   b = np.array([1.5, -2.0], np.float16)
   header = {"__metadata__": {"format": "pt"},
@@ -314,13 +314,13 @@ def test_safetensors_reader_reads_what_the_format_says(tmp_path):
   text = json.dumps(header).encode()
   path = tmp_path / "x.safetensors"
   path.write_bytes(struct.pack("<Q", len(text)) + text + a.tobytes() + b.tobytes())
-  read = safetensors_reader.read(str(path))
+  read = safetensors_file.read(str(path))
   assert sorted(read) == ["a", "b"]
   np.testing.assert_array_equal(read["a"], a)
   np.testing.assert_array_equal(read["b"], b)
   path.write_bytes(struct.pack("<Q", 10**6) + text)
   with pytest.raises(UserError, match="cut short"):
-    safetensors_reader.read(str(path))
+    safetensors_file.read(str(path))
 
 
 def test_sinusoids_in_halves_are_the_interleaved_ones_regrouped():
@@ -333,7 +333,7 @@ def test_sinusoids_in_halves_are_the_interleaved_ones_regrouped():
 def test_scanned_layers_import_to_the_same_model(restored):
   """The converted tensors also fill a model whose layers are scanned (one stacked tree)."""
   config, model = restored
-  tensors = safetensors_reader.read(os.path.join(FIXTURE, "model.safetensors"))
+  tensors = safetensors_file.read(os.path.join(FIXTURE, "model.safetensors"))
   mc = dataclasses.replace(model.translator.model_config, scan_layers=True)
   params = marian.convert_params(tensors, mc, "model.safetensors")
   src = jnp.asarray([ours(EXPECTED["source_ids"][0])], jnp.int32)

@@ -57,7 +57,8 @@ _AVERAGE = flags.DEFINE_integer(
   "config's average_last_checkpoints; translate and export use the newest checkpoint when it "
   "is 0 or 1).",
 )
-_FORMAT = flags.DEFINE_string("format", None, "export: the output format (ctranslate2).")
+_FORMAT = flags.DEFINE_string("format", None, "export: the output format, ctranslate2 or marian "
+                              "(a Hugging Face MarianMTModel directory).")
 _OUTPUT = flags.DEFINE_string("output", None, "export: a new or empty directory to write to; "
                               "translate/score: a new file (resumed if interrupted), not "
                               "standard output; compare: a new JSON file.")

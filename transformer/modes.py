@@ -191,8 +191,13 @@ def average(config: Any, workdir: str, request: Request) -> None:
   print(f"{model.label}:\n{evaluators.format_result(result)}", flush=True)
 
 
+EXPORT_FORMATS = ("ctranslate2", "marian")
+
+
 def export(config: Any, workdir: str, request: Request) -> None:
-  """`--mode=export`: the chosen parameters written to `--output` in `--format`.
+  """`--mode=export`: the chosen parameters written to `--output` in `--format`: a
+  CTranslate2 model (transformer/interop/export.py) or a Hugging Face Marian directory
+  (transformer/interop/marian_export.py).
 
   The request is checked before anything is restored; an existing non-empty `--output` is
   refused, so nothing is overwritten.
@@ -201,15 +206,31 @@ def export(config: Any, workdir: str, request: Request) -> None:
 
   from transformer import infer
   from transformer.interop import export as export_lib
+  from transformer.interop import marian_export
   from transformer.training.validate import model_config
 
   check_workdir_config(config, workdir)
   check_no_ensemble(request, "export")
-  export_lib.check_request(request.format, request.output, request.quantization,
-                           model_config(config))
+  if request.format is None:
+    raise UserError(f"--mode=export needs --format, one of {', '.join(EXPORT_FORMATS)}")
+  if request.format == "marian":
+    if request.quantization is not None:
+      raise UserError(f"--quantization={request.quantization}: the Marian export is float32 "
+                      "(quantization is CTranslate2's)")
+    export_lib.check_output(request.output)
+    marian_export.check_model(model_config(config))
+  else:
+    if request.format not in EXPORT_FORMATS:
+      raise UserError(f"--format={request.format}: must be one of {', '.join(EXPORT_FORMATS)}")
+    export_lib.check_request(request.format, request.output, request.quantization,
+                             model_config(config))
   model = infer.restore(config, workdir, request.average, request.checkpoint)
   if jax.process_index() == 0:
-    export_lib.export_restored(model, request.output, request.quantization)
+    if request.format == "marian":
+      marian_export.export_marian(model.params, model.layout.model_config, model.tokenizer,
+                                  config, request.output)
+    else:
+      export_lib.export_restored(model, request.output, request.quantization)
     print(f"exported the parameters of {model.label} to {request.output} ({request.format}"
           f"{', ' + request.quantization if request.quantization else ''})", flush=True)
 

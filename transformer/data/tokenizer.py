@@ -175,6 +175,10 @@ class Tokenizer:
     """Number of ids, including pad, EOS and unknown."""
     return self._sp.get_piece_size()
 
+  def id_to_piece(self, i: int) -> str:
+    """The piece of id `i` (`<pad>`, `</s>`, `<unk>` for 0, 1, 2)."""
+    return self._sp.id_to_piece(i)
+
   def encode(self, text: str, side: str = SOURCE) -> list[int]:
     """Ids of `text` followed by EOS (1); never contains 0. One model serves both `side`s."""
     return self._sp.encode(text) + [EOS_ID]

@@ -266,11 +266,7 @@ def check_request(fmt: str | None, output_dir: str | None, quantization: str | N
     raise UserError(f"--mode=export needs --format, one of {', '.join(FORMATS)}")
   if fmt not in FORMATS:
     raise UserError(f"--format={fmt}: unsupported, must be one of {', '.join(FORMATS)}")
-  if not output_dir:
-    raise UserError("--mode=export needs --output=DIR (a new or empty local directory)")
-  if "://" in output_dir:
-    raise UserError(f"--output={output_dir}: must be a local directory")
-  _check_output_dir(output_dir)
+  check_output(output_dir)
   check_exportable(mc)
   _ct2()
   from ctranslate2.specs.model_spec import ACCEPTED_MODEL_TYPES
@@ -280,7 +276,13 @@ def check_request(fmt: str | None, output_dir: str | None, quantization: str | N
                     f"{', '.join(ACCEPTED_MODEL_TYPES)}")
 
 
-def _check_output_dir(output_dir: str) -> None:
+def check_output(output_dir: str | None) -> None:
+  """UserError unless `output_dir` is a new or empty local directory (of any export format):
+  an export never overwrites anything."""
+  if not output_dir:
+    raise UserError("--mode=export needs --output=DIR (a new or empty local directory)")
+  if "://" in output_dir:
+    raise UserError(f"--output={output_dir}: must be a local directory")
   if os.path.isfile(output_dir):
     raise UserError(f"--output={output_dir} is a file: give a new or empty directory")
   if os.path.isdir(output_dir) and os.listdir(output_dir):
@@ -311,7 +313,7 @@ def export_ctranslate2(params: Any, model_config: ModelConfig, output_dir: str, 
       or ctranslate2 not installed.
   """
   output_dir = os.fspath(output_dir)
-  _check_output_dir(output_dir)
+  check_output(output_dir)
   if sentencepiece_model is not None:
     vocabulary = sentencepiece_pieces(sentencepiece_model)
   elif vocabulary is None:

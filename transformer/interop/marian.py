@@ -5,7 +5,7 @@
 The source directory is what `MarianMTModel.save_pretrained` and
 `MarianTokenizer.save_pretrained` write (and what the Hugging Face hub serves for
 Helsinki-NLP/opus-mt-*): `config.json`, the weights in `model.safetensors` (read here without
-torch; `safetensors_reader.py`) or `pytorch_model.bin` (read only where torch is installed),
+torch; `safetensors_file.py`) or `pytorch_model.bin` (read only where torch is installed),
 `source.spm`, `target.spm`, `vocab.json` and `tokenizer_config.json`. Everything is checked
 before any work; what this model cannot run is refused with one line naming the file and field.
 
@@ -51,7 +51,7 @@ from transformer import workdir as workdir_lib
 from transformer.data import marian_tokenizer
 from transformer.data.marian_tokenizer import MarianTokenizer
 from transformer.errors import ConfigError, UserError
-from transformer.interop import safetensors_reader
+from transformer.interop import safetensors_file
 from transformer.nn.model import ModelConfig, sinusoidal_positions
 from transformer.training.checkpoint import Checkpointer, run_meta
 from transformer.training.train_state import TrainState
@@ -232,7 +232,7 @@ def read_weights(path: str) -> dict[str, np.ndarray]:
     UserError: a damaged file, or a `pytorch_model.bin` without torch.
   """
   if os.path.basename(path) == SAFETENSORS:
-    return safetensors_reader.read(path)
+    return safetensors_file.read(path)
   try:
     import torch
   except ImportError:

@@ -101,7 +101,7 @@ def select(workdir: str, choice: workdir_lib.Choice) -> Selected:
                           f"{regular})" + (f" or {files.best} (steps {kept})" if kept else ""))
   if not regular:
     raise CheckpointError(f"no checkpoint in {files.checkpoints}: train first")
-  if choice.average > 1:
+  if choice.average > 1 and len(regular) > 1:
     steps = tuple(regular[-choice.average:])
     return Selected(files.checkpoints, steps, f"average of steps {list(steps)}")
   return Selected(files.checkpoints, (regular[-1],), f"step {regular[-1]}", latest=True)

@@ -1,4 +1,4 @@
-"""A reader of safetensors files (Hugging Face's weight format), with NumPy alone.
+"""safetensors files (Hugging Face's weight format), read and written with NumPy alone.
 
 The format: an 8-byte little-endian unsigned integer N, then N bytes of a JSON header that maps
 each tensor's name to {"dtype", "shape", "data_offsets": [begin, end]} (and may hold a
@@ -75,3 +75,29 @@ def _tensor(body: memoryview, name: str, entry: object, path: str | os.PathLike)
     raise UserError(f"{path}: tensor {name!r} has offsets {begin}..{end} for {size:,} bytes "
                     f"in a body of {len(body):,}: the file is damaged or cut short")
   return np.frombuffer(body[begin:end], dtype=dtype).reshape(shape)
+
+
+NAMES = {dtype: name for name, dtype in DTYPES.items()}
+
+
+def write(path: str | os.PathLike, tensors: dict[str, np.ndarray],
+          metadata: dict[str, str] | None = None) -> None:
+  """Writes `tensors` (by name, in sorted order, as `safetensors.numpy.save_file` lays them
+  out) with optional string `metadata`, atomically."""
+  header: dict[str, object] = {}
+  if metadata:
+    header[METADATA] = dict(metadata)
+  chunks, offset = [], 0
+  for name in sorted(tensors):
+    array = np.ascontiguousarray(tensors[name])
+    dtype = array.dtype.newbyteorder("<") if array.dtype.byteorder == ">" else array.dtype
+    if dtype not in NAMES:
+      raise ValueError(f"tensor {name!r}: dtype {array.dtype} has no safetensors name")
+    data = array.astype(dtype, copy=False).tobytes()
+    header[name] = {"dtype": NAMES[dtype], "shape": list(array.shape),
+                    "data_offsets": [offset, offset + len(data)]}
+    chunks.append(data)
+    offset += len(data)
+  text = json.dumps(header, separators=(",", ":")).encode()
+  text += b" " * (-len(text) % 8)  # the body starts 8-byte aligned, as the library writes it
+  storage.write_atomic(path, struct.pack("<Q", len(text)) + text + b"".join(chunks))
