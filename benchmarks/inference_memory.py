@@ -1,13 +1,14 @@
 """What `--mode=translate` reads and holds to translate one sentence: bytes read and peak RSS.
 
 A workdir of the base shapes (6 + 6 layers, d_model 512, d_ff 2,048, 8 heads; the numbers
-task's vocabulary) is written once: its config, vocabulary and one checkpoint of a fresh train
-state (parameters and Adam's two moments, as training saves them). Then
+task's vocabulary) is written once: its config, vocabulary and one checkpoint of a train state
+(parameters and Adam's two moments, random as a trained run's are, as training saves them). Then
 `python -m transformer.main --mode=translate --workdir=W` translates one sentence from stdin
 in a child process, once per program tree (this checkout, and with `--against=DIR` another
 checkout of the project, e.g. an older commit), and the child's bytes read (`/proc/PID/io`:
 `rchar`, every read, imports included; `read_bytes`, from the block device) and its peak RSS
-(`wait4`) are recorded. The ratios compare the trees in one run, on one machine.
+(`VmHWM` of /proc/PID/status) are recorded, read every 20 ms until it exits. The ratios
+compare the trees in one run, on one machine.
 
     python -m benchmarks.inference_memory [--against=/tmp/before]
 """
@@ -41,6 +42,7 @@ def base_config(data_dir: str) -> Any:
 def write_workdir(workdir: str, data_dir: str) -> dict[str, Any]:
   """A workdir at step 0: config, vocabulary, buckets, one checkpoint of a fresh train state."""
   import jax
+  import jax.numpy as jnp
 
   from transformer import sharding as sharding_lib
   from transformer import workdir as workdir_lib
@@ -56,21 +58,34 @@ def write_workdir(workdir: str, data_dir: str) -> dict[str, Any]:
   bucketing.save_buckets(workdir, bucketing.default_buckets(config))
   trainer = Trainer(config, sharding_lib.make_mesh(config.mesh), mc)
   state = trainer.init_state(config.seed)
+  # Adam's moments as a trained run has them: not the zeros of step 0, which the checkpoint
+  # would compress to nothing.
+  leaves, tree = jax.tree.flatten(state.opt_state)
+  keys = jax.random.split(jax.random.key(1), len(leaves))
+  state = state.replace(opt_state=jax.tree.unflatten(tree, [
+    jax.random.normal(k, x.shape, x.dtype) * 1e-3 if jnp.issubdtype(x.dtype, jnp.floating)
+    else x for k, x in zip(keys, leaves, strict=True)]))
   checkpointer = Checkpointer(workdir_lib.paths(workdir).checkpoints, None, async_save=False)
   checkpointer.save(0, state, run_meta(config, mc, tokenizer.sha256))
   checkpointer.close()
   count = lambda tree: sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))  # noqa: E731
+  on_disk = sum(os.path.getsize(os.path.join(d, f)) for d, _, names in
+                os.walk(workdir_lib.paths(workdir).checkpoints) for f in names)
   return {"param_bytes": count(state.params), "state_bytes": count(state),
-          "checkpoint_bytes": sum(f.stat().st_size for f in
-                                  workdir_lib.paths(workdir).checkpoints.rglob("*")
-                                  if f.is_file())}
+          "checkpoint_bytes": on_disk}
 
 
 def _io(pid: int) -> dict[str, int]:
+  """The process's I/O counters and its peak RSS so far (VmHWM, bytes), from /proc."""
   try:
     with open(f"/proc/{pid}/io") as f:
-      return {k: int(v) for k, v in (ln.split(": ") for ln in f.read().splitlines())}
-  except OSError:
+      out = {k: int(v) for k, v in (ln.split(": ") for ln in f.read().splitlines())}
+    with open(f"/proc/{pid}/status") as f:
+      for line in f:
+        if line.startswith("VmHWM:"):
+          out["peak_rss"] = int(line.split()[1]) * 1024
+    return out
+  except (OSError, ValueError):
     return {}
 
 
@@ -97,14 +112,16 @@ def translate_once(tree: str, workdir: str, sentence: str = "three hundred and f
   proc.stdin.close()
   out = proc.stdout.read()
   err = proc.stderr.read()
-  _, status, usage = os.wait4(proc.pid, 0)
+  # (Not wait4's ru_maxrss: Linux keeps it across fork and exec, so a child of this large
+  # process would report this one's peak.)
+  status = os.waitpid(proc.pid, 0)[1]
   done.set()
   watcher.join()
   proc.returncode = os.waitstatus_to_exitcode(status)
   if proc.returncode != 0:
     raise RuntimeError(f"translate in {tree} failed ({proc.returncode}): {err[-2000:]}")
   return {"output": out.strip(), "wall_s": time.time() - t0, "rchar": last.get("rchar", 0),
-          "read_bytes": last.get("read_bytes", 0), "peak_rss": usage.ru_maxrss * 1024}
+          "read_bytes": last.get("read_bytes", 0), "peak_rss": last.get("peak_rss", 0)}
 
 
 def run_benchmark(scratch: str, against: str | None, rounds: int) -> dict[str, Any]:
@@ -115,7 +132,9 @@ def run_benchmark(scratch: str, against: str | None, rounds: int) -> dict[str, A
   for name, tree in trees.items():
     translate_once(tree, workdir)  # warms the compilation cache and the page cache
     runs = [translate_once(tree, workdir) for _ in range(rounds)]
-    rows[name] = {**min(runs, key=lambda r: r["peak_rss"]), "tree": tree,
+    commit = subprocess.run(["git", "-C", tree, "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip() or "unknown"
+    rows[name] = {**min(runs, key=lambda r: r["peak_rss"]), "tree": tree, "commit": commit,
                   "rchar_all": [r["rchar"] for r in runs],
                   "peak_rss_all": [r["peak_rss"] for r in runs]}
   return {**sizes, "rounds": rounds, "rows": rows}
@@ -128,11 +147,14 @@ def report_lines(record: dict[str, Any]) -> list[str]:
            f"Adam's moments) {mib(record['state_bytes'])} MiB; the checkpoint on disk "
            f"{mib(record['checkpoint_bytes'])} MiB. Least peak RSS of {record['rounds']} runs "
            "after a warm-up run (compilation cache and page cache warm).\n",
-           "| program | bytes read, rchar (MiB) | peak RSS (MiB) | wall (s) | translation |",
-           "|---|---:|---:|---:|---|"]
+           "| program | commit | bytes read, rchar (MiB) | peak RSS (MiB) | wall (s) |",
+           "|---|---|---:|---:|---:|"]
   for name, r in record["rows"].items():
-    lines.append(f"| {name} | {mib(r['rchar'])} | {mib(r['peak_rss'])} | {r['wall_s']:.1f} | "
-                 f"{r['output']} |")
+    lines.append(f"| {name} | {r['commit']} | {mib(r['rchar'])} | {mib(r['peak_rss'])} | "
+                 f"{r['wall_s']:.1f} |")
+  outputs = {r["output"] for r in record["rows"].values()}
+  lines.append(f"\nThe translations are {'the same' if len(outputs) == 1 else 'different'} "
+               "(an untrained model's).")
   if "against" in record["rows"]:
     new, old = record["rows"]["this tree"], record["rows"]["against"]
     lines.append(f"\nThis tree against the other: bytes read **{new['rchar'] / old['rchar']:.2f}x**"

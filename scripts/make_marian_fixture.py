@@ -1,5 +1,7 @@
 """Writes tests/fixtures/marian_tiny/: a tiny random OPUS-MT (Marian) model directory and what
-Hugging Face transformers computes with it, the reference of tests/test_marian.py.
+Hugging Face transformers computes with it, the reference of tests/test_marian.py; with
+`--export`, what transformers computes with tests/fixtures/marian_export/ (a model exported
+by the project, scripts/make_marian_export_fixture.py), into its expected.json.
 
 Runs in its own virtual environment (torch, transformers 5, sentencepiece; never the project's):
 
@@ -39,6 +41,7 @@ import json
 import os
 import random
 import shutil
+import sys
 import tempfile
 
 import numpy as np
@@ -231,8 +234,58 @@ def expected(model: MarianMTModel, tokenizer: MarianTokenizer) -> dict:
   return out
 
 
+EXPORT = os.path.join(os.path.dirname(OUT), "marian_export")
+# Sentences of the numbers task the exported model was trained on (English -> German).
+EXPORT_SOURCES = ["three hundred and five", "forty-two", "seven thousand and twelve",
+                  "nine hundred and ninety-nine", "sixty-one"]
+EXPORT_TARGETS = ["dreihundertfünf", "zweiundvierzig", "siebentausendzwölf",
+                  "neunhundertneunundneunzig", "einundsechzig"]
+EXPORT_MAX_EXTRA_LEN = 5
+
+
+def expected_of_export() -> dict:
+  """Loads the export as a user of transformers does and records its tokenization,
+  teacher-forced log-softmax and greedy outputs (pad forbidden, EOS forced at the length
+  limit), with every greedy step's margin checked."""
+  model = MarianMTModel.from_pretrained(EXPORT).eval()
+  tokenizer = MarianTokenizer.from_pretrained(EXPORT)
+  pad = model.config.pad_token_id
+  source_ids = [tokenizer(s).input_ids for s in EXPORT_SOURCES]
+  target_ids = [tokenizer(text_target=t).input_ids for t in EXPORT_TARGETS]
+  batch = tokenizer(EXPORT_SOURCES, text_target=EXPORT_TARGETS, padding=True,
+                    return_tensors="pt")
+  with torch.no_grad():
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                   labels=batch.labels).logits
+  log_probs = torch.log_softmax(logits.double(), dim=-1).float().numpy()
+  out = {"transformers": transformers.__version__, "torch": torch.__version__,
+         "sources": EXPORT_SOURCES, "targets": EXPORT_TARGETS, "source_ids": source_ids,
+         "target_ids": target_ids, "max_extra_len": EXPORT_MAX_EXTRA_LEN,
+         "teacher_forced_log_probs": [rounded(log_probs[i, : len(t)])
+                                      for i, t in enumerate(target_ids)], "greedy": []}
+  margins = []
+  for ids in source_ids:
+    ids = torch.tensor([ids])
+    with torch.no_grad():
+      greedy = model.generate(ids, num_beams=1, do_sample=False, bad_words_ids=[[pad]],
+                              max_length=ids.shape[1] + EXPORT_MAX_EXTRA_LEN + 1)
+      margins.append(greedy_margin(model, ids, greedy))
+    out["greedy"].append({"ids": greedy[0].tolist(),
+                          "text": tokenizer.decode(greedy[0], skip_special_tokens=True)})
+  print(f"smallest greedy margin: {min(margins):.4f}")
+  if min(margins) < MIN_MARGIN:
+    raise SystemExit(f"a greedy step has a margin of {min(margins):.2e} < {MIN_MARGIN}: "
+                     "choose other sentences")
+  return out
+
+
 def main() -> None:
   torch.set_num_threads(1)  # the same sums in the same order on every run
+  if "--export" in sys.argv[1:]:
+    with open(os.path.join(EXPORT, "expected.json"), "w") as f:
+      json.dump(expected_of_export(), f, indent=1, ensure_ascii=False)
+    print(f"wrote {os.path.join(EXPORT, 'expected.json')}")
+    return
   random.seed(SEED)
   np.random.seed(SEED)
   torch.manual_seed(SEED)

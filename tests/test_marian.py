@@ -406,3 +406,125 @@ def test_init_from_an_imported_workdir_starts_from_its_parameters_and_vocabulary
   original = sorted(os.path.relpath(os.path.join(d, f), os.path.join(workdir, "vocab"))
                     for d, _, files in os.walk(os.path.join(workdir, "vocab")) for f in files)
   assert set(original) - {"corpus.sha256"} <= set(copied)
+
+
+# ---------------------------------------------------------------- export to Hugging Face Marian
+
+EXPORT_FIXTURE = os.path.join(REPO, "tests", "fixtures", "marian_export")
+
+
+def test_exporting_an_imported_model_gives_back_its_directory(workdir, tmp_path):
+  """`--mode=export --format=marian` of the imported fixture writes the fixture's tensors,
+  bitwise, with its vocabulary and architecture; importing that export gives back the same
+  parameters, bitwise."""
+  out = tmp_path / "exported"
+  proc = run_main("--mode=export", "--format=marian", f"--workdir={workdir}", f"--output={out}")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  original, exported = (safetensors_file.read(os.path.join(d, "model.safetensors"))
+                        for d in (FIXTURE, out))
+  assert set(original) == set(exported)
+  for name, tensor in original.items():
+    np.testing.assert_array_equal(exported[name], tensor, err_msg=name)
+  for name in ("source.spm", "target.spm", "vocab.json"):
+    with open(os.path.join(FIXTURE, name), "rb") as a, open(out / name, "rb") as b:
+      assert a.read() == b.read(), name
+  with open(os.path.join(FIXTURE, "config.json")) as a, open(out / "config.json") as b:
+    theirs, ours_ = json.load(a), json.load(b)
+  assert {k: v for k, v in theirs.items() if k != "transformers_version"} == {
+    k: v for k, v in ours_.items() if k in theirs}
+  proc = run_main("--mode=import", f"--source={out}", f"--workdir={tmp_path}/again")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  again = infer.restore(workdir_lib.load(f"{tmp_path}/again"), f"{tmp_path}/again")
+  first = infer.restore(workdir_lib.load(workdir), workdir)
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(again.params),
+               jax.device_get(first.params))
+
+
+def test_an_exported_model_computes_what_the_original_does():
+  """A model of the paper's layout (interleaved sinusoids, ReLU, no biases): exported, then
+  read back as the import reads Marian, it gives the same log-probabilities (the model
+  dimension permuted, the ids rotated, zero biases)."""
+  from transformer.interop import marian_export
+  from transformer.nn.model import ModelConfig, Transformer
+
+  mc = ModelConfig(vocab_size=50, num_layers=2, d_model=16, d_ff=32, num_heads=4, max_len=32,
+                   layer_norm_epsilon=1e-5, dropout_rate=0.0)
+  rng = np.random.default_rng(0)
+  src = jnp.asarray(rng.integers(3, 50, (3, 7)), jnp.int32).at[:, -1].set(1)
+  tgt = jnp.asarray(rng.integers(3, 50, (3, 5)), jnp.int32).at[:, -1].set(1)
+  params = jax.tree.map(np.asarray, Transformer(mc).init(jax.random.key(1), src, tgt)["params"])
+  import flax.linen as nn
+
+  params = nn.unbox(params)
+  hf = marian_export.hf_config(mc)
+  back_mc = ModelConfig(**marian.model_fields(hf, "exported"))
+  back = marian.convert_params(marian_export.marian_tensors(params, mc), back_mc, "exported")
+  want = jax.nn.log_softmax(Transformer(mc).apply({"params": params}, src, tgt))
+  got = jax.nn.log_softmax(Transformer(back_mc).apply({"params": back}, src, tgt))
+  np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_transformers_runs_an_export_as_the_project_does(tmp_path):
+  """tests/fixtures/marian_export/ is a model trained here and exported by the project;
+  expected.json is what transformers' MarianMTModel and MarianTokenizer compute with it
+  (scripts/make_marian_fixture.py --export). Imported back, the project computes the same
+  tokens, log-probabilities (1e-4 relative) and greedy outputs (identical); and exporting the
+  import writes the fixture's tensors again, bitwise."""
+  with open(os.path.join(EXPORT_FIXTURE, "expected.json")) as f:
+    expected = json.load(f)
+  size = json.load(open(os.path.join(EXPORT_FIXTURE, "config.json")))["vocab_size"]
+  rotate = lambda ids: [(i + 1) % size for i in ids]  # noqa: E731
+  path = str(tmp_path / "imported")
+  # (The model's 128 positions: the base config's length limits made to fit them.)
+  proc = run_main("--mode=import", f"--source={EXPORT_FIXTURE}", f"--workdir={path}",
+                  "--config.data.max_source_len=64", "--config.data.max_target_len=64")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  config = workdir_lib.load(path)
+  config.decode.method, config.decode.max_extra_len = "greedy", expected["max_extra_len"]
+  model = infer.restore(config, path)
+  sources = [rotate(ids) for ids in expected["source_ids"]]
+  targets = [rotate(ids) for ids in expected["target_ids"]]
+  assert [model.tokenizer.encode(s) for s in expected["sources"]] == sources
+  assert [model.tokenizer.encode(t, side=TARGET) for t in expected["targets"]] == targets
+  length = max(map(len, sources + targets))
+  inputs, outputs = (np.zeros((len(sources), length), np.int32) for _ in range(2))
+  for i, (s, t) in enumerate(zip(sources, targets, strict=True)):
+    inputs[i, : len(s)], outputs[i, : len(t)] = s, t
+  logits = build_model(model.layout.model_config).apply(
+    {"params": model.params}, jnp.asarray(inputs), jnp.asarray(outputs))
+  log_probs = np.asarray(jax.nn.log_softmax(logits, axis=-1))
+  for i, t in enumerate(targets):
+    theirs = np.roll(np.asarray(expected["teacher_forced_log_probs"][i]), 1, axis=-1)
+    np.testing.assert_allclose(log_probs[i, : len(t)], theirs, rtol=1e-4, atol=1e-5)
+  found = model.translator.search_ids(model.params, sources)
+  for hyps, greedy in zip(found, expected["greedy"], strict=True):
+    assert hyps[0].ids == rotate(greedy["ids"][1:-1])
+    assert model.tokenizer.decode(hyps[0].ids) == greedy["text"]
+  assert len({tuple(g["ids"]) for g in expected["greedy"]}) > 1  # real sentences, not one
+  out = tmp_path / "again"
+  proc = run_main("--mode=export", "--format=marian", f"--workdir={path}", f"--output={out}")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  committed = safetensors_file.read(os.path.join(EXPORT_FIXTURE, "model.safetensors"))
+  again = safetensors_file.read(out / "model.safetensors")
+  assert set(committed) == set(again)
+  for name, tensor in committed.items():
+    np.testing.assert_array_equal(again[name], tensor, err_msg=name)
+
+
+@pytest.mark.parametrize("field, value", [("pre_layer_norm", True),
+                                          ("layer_norm_epsilon", 1e-6)])
+def test_a_model_marian_cannot_express_is_refused_before_anything_is_written(
+    workdir, tmp_path, field, value):
+  """(The workdir's saved config edited to the variant: the export checks the model's fields
+  before it restores anything.)"""
+  copy = tmp_path / "copy"
+  shutil.copytree(workdir, copy)
+  with open(copy / "config.json") as f:
+    saved = json.load(f)
+  saved["config"]["model"]["fields"][field]["value"] = value
+  with open(copy / "config.json", "w") as f:
+    json.dump(saved, f)
+  out = tmp_path / "out"
+  proc = run_main("--mode=export", "--format=marian", f"--workdir={copy}", f"--output={out}")
+  assert f"model.{field}" in one_error_line(proc)
+  assert not out.exists()
