@@ -420,3 +420,116 @@ def test_compare_mode_refuses_a_file_of_another_length_before_any_work(workdir, 
   assert proc.returncode == 2
   assert "short.txt: 2 lines" in one_error_line(proc.stderr)
   assert not (tmp_path / "out.json").exists()
+
+
+def _mode(mode, config, workdir, tmp_path, name, lines, **request):
+  """`modes.MODES[mode]` in this process on `lines` (a file), its output read back."""
+  from transformer import modes
+
+  source = tmp_path / f"{name}.in"
+  source.write_text("".join(ln + "\n" for ln in lines))
+  out = tmp_path / name
+  modes.MODES[mode](config.copy_and_resolve_references(), workdir,
+                    modes.Request(input=str(source), output=str(out), **request))
+  return out.read_text()
+
+
+SENTENCES = ["seven", "three hundred and five", "twelve thousand", "forty-two", "nine"]
+
+
+def test_a_workdir_ensembled_with_itself_translates_and_scores_as_itself(workdir, tmp_path):
+  config = workdir_lib.load(workdir)
+  for fmt, nbest in (("text", 1), ("jsonl", 2)):
+    alone = _mode("translate", config, workdir, tmp_path, f"alone.{fmt}", SENTENCES,
+                  nbest=nbest, output_format=fmt)
+    both = _mode("translate", config, workdir, tmp_path, f"both.{fmt}", SENTENCES,
+                 nbest=nbest, output_format=fmt, ensemble=(workdir,))
+    assert both == alone
+  pairs = [f"{s}\t{t}" for s, t in nb.generate("test", 6)]
+  assert (_mode("score", config, workdir, tmp_path, "both.scores", pairs, ensemble=(workdir,))
+          == _mode("score", config, workdir, tmp_path, "alone.scores", pairs))
+
+
+def test_bad_ensembles_are_refused_before_any_work(workdir, tmp_path):
+  from transformer.errors import UserError
+
+  config = workdir_lib.load(workdir)
+  for request, match in (({"ensemble": (str(tmp_path / "none"),)}, "member .*none"),
+                         ({"ensemble": (workdir,), "ensemble_weights": (1.0, 2.0, 3.0)},
+                          "3 weights for 2 models"),
+                         ({"ensemble": (workdir,), "ensemble_weights": (1.0, 0.0)}, "> 0"),
+                         ({"ensemble_weights": (1.0,)}, "needs --ensemble")):
+    with pytest.raises(UserError, match=match):
+      _mode("translate", config, workdir, tmp_path, "out.txt", SENTENCES, **request)
+    assert not (tmp_path / "out.txt").exists()
+
+
+def test_mbr_in_translate_mode_ranks_by_expected_utility(workdir, tmp_path):
+  config = workdir_lib.load(workdir)
+  config.decode.method, config.decode.mbr_candidates = "mbr", 4
+  text = _mode("translate", config, workdir, tmp_path, "mbr.jsonl", SENTENCES, nbest=3,
+               output_format="jsonl")
+  for line in text.splitlines():
+    utilities = [h["utility"] for h in json.loads(line)["hypotheses"]]
+    assert len(utilities) == 3 and utilities == sorted(utilities, reverse=True)
+  config.decode.mbr_candidates = 0
+  from transformer.errors import ConfigError
+
+  with pytest.raises(ConfigError, match="decode.mbr_candidates"):
+    _mode("translate", config, workdir, tmp_path, "none.jsonl", SENTENCES)
+
+
+def test_a_forced_prefix_of_the_greedy_output_leaves_it_and_a_long_one_is_refused(workdir,
+                                                                                   tmp_path):
+  from transformer.errors import UserError
+
+  config = workdir_lib.load(workdir)
+  config.decode.method = "greedy"
+  plain = _mode("translate", config, workdir, tmp_path, "plain.txt", SENTENCES).splitlines()
+  prefixed = [f"{s}\t{' '.join(out.split()[:1])}" for s, out in zip(SENTENCES, plain,
+                                                                     strict=True)]
+  assert _mode("translate", config, workdir, tmp_path, "prefixed.txt", prefixed,
+               target_prefix=True).splitlines() == plain
+  empty = [f"{s}\t" for s in SENTENCES]
+  assert _mode("translate", config, workdir, tmp_path, "empty.txt", empty,
+               target_prefix=True).splitlines() == plain
+  forced = _mode("translate", config, workdir, tmp_path, "forced.jsonl",
+                 [f"{SENTENCES[0]}\tdreihundert"], target_prefix=True, output_format="jsonl")
+  record = json.loads(forced)
+  assert record["prefix"] == "dreihundert"
+  assert record["hypotheses"][0]["text"].startswith("dreihundert")
+  with pytest.raises(UserError, match="line 1: the prefix has"):
+    _mode("translate", config, workdir, tmp_path, "long.txt",
+          [f"seven\t{' '.join(['neun'] * 200)}"], target_prefix=True)
+  assert not (tmp_path / "long.txt").exists()
+
+
+def test_an_evaluator_ensembles_the_evaluated_parameters_with_other_workdirs(workdir,
+                                                                             tmp_path):
+  """`evals.NAME.ensemble`: the newest checkpoint evaluated in an ensemble with itself (the
+  workdir@latest as the member) scores exactly as alone; a member that is not a workdir is one
+  error naming the field."""
+  from transformer.decoding.translate import Translator
+  from transformer.errors import UserError
+  from transformer.training import evaluators, parameters
+
+  config = workdir_lib.load(workdir)
+  model = infer.restore(config, workdir, average=1)
+  layout = model.layout
+  pairs = list(nb.generate("test", 12))
+
+  def result(ensemble):
+    config.evals.test_translation.ensemble = ensemble
+    context = evaluators.Context(
+      layout, lambda decode: Translator(layout.model_config, decode, layout.mesh,
+                                        layout.param_shardings, detokenize=model.tokenizer.decode),
+      model.tokenizer, {}, {"test": pairs}, str(tmp_path), config,
+      restore_members=lambda specs, what: parameters.restore_members(
+        config, model.tokenizer, specs, layout.mesh, what))
+    evals = evaluators.build({"test_translation": config.evals.test_translation}, context)
+    return evaluators.run_all(evals, model.params, 0).metrics
+
+  alone = result("")
+  assert result(f"{workdir}@latest") == alone
+  with pytest.raises(UserError, match="evals.test_translation.ensemble member"):
+    result(str(tmp_path / "none"))

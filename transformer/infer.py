@@ -21,18 +21,14 @@ from typing import Any
 import jax
 
 from transformer import compilation
-from transformer import sharding as sharding_lib
 from transformer import workdir as workdir_lib
-from transformer.data import bucketing, vocabulary
+from transformer.data import bucketing
 from transformer.data.marian_tokenizer import MarianTokenizer
 from transformer.data.tokenizer import Tokenizer
 from transformer.decoding.translate import Translator
-from transformer.errors import CheckpointError, UserError
+from transformer.errors import UserError
 from transformer.training import parameters
-from transformer.training.checkpoint import run_meta
 from transformer.training.layout import ModelLayout
-from transformer.training.train_state import optimizer_value
-from transformer.training.validate import validate
 
 parse_checkpoint = workdir_lib.parse_checkpoint
 
@@ -82,44 +78,24 @@ def restore(config: Any, workdir: str, average: int | None = None,
   Raises:
     CheckpointError: no vocabulary or checkpoint, or one that does not fit the config.
   """
-  model_config = validate(config, jax.device_count())
   # Beam search compiles one program per source length: keep them across runs.
   compilation.use_persistent_cache(config.compilation_cache_dir)
-  tokenizer = vocabulary.stored_tokenizer(workdir)
-  if tokenizer is None:
-    raise CheckpointError(f"{workdir_lib.paths(workdir).vocab} not found: train first with "
-                          f"--mode=train --workdir={workdir} (or import a model, --mode=import)")
   choice = workdir_lib.choose(checkpoint, average,
                               default_average=config.average_last_checkpoints)
-  selected = parameters.select(workdir, choice)
-  layout = ModelLayout(config, mesh or sharding_lib.make_mesh(config.mesh), model_config)
-  ema = optimizer_value(config, "ema_decay") > 0
-  params = parameters.restore(layout, selected, run_meta(config, model_config, tokenizer.sha256),
-                              ema=ema)
-  label = selected.label + (" (EMA)" if ema else "")
+  model = parameters.restore_model(config, workdir, choice, mesh)
+  layout = model.layout
   # The training run's buckets, so translation pads to the lengths training compiled.
-  translator = Translator(model_config, config.decode, layout.mesh, layout.param_shardings,
-                          bucketing.workdir_buckets(config, workdir),
-                          detokenize=tokenizer.decode)
-  return Restored(tokenizer, layout, translator, params, label, max(selected.steps))
-
-
-def parse_member(spec: str) -> tuple[str, str | None]:
-  """`WORKDIR[@CHECKPOINT]` -> (workdir, checkpoint or None)."""
-  workdir, _, checkpoint = spec.partition("@")
-  return workdir, checkpoint or None
+  translator = Translator(layout.model_config, config.decode, layout.mesh,
+                          layout.param_shardings, bucketing.workdir_buckets(config, workdir),
+                          detokenize=model.tokenizer.decode)
+  return Restored(model.tokenizer, layout, translator, model.params, model.label, model.step)
 
 
 def check_ensemble(members: Sequence[str], weights: Sequence[float] | None) -> None:
   """Before any work: every member (`WORKDIR[@CHECKPOINT]`) is a workdir with a saved config
   and a valid checkpoint choice, and `weights` (if given) are one positive number per model
   of the ensemble: the first model and each member."""
-  for spec in members:
-    workdir, checkpoint = parse_member(spec)
-    if not workdir_lib.paths(workdir).config.exists():
-      raise UserError(f"--ensemble member {spec}: no {workdir_lib.CONFIG} in {workdir}: not a "
-                      "workdir of this program")
-    workdir_lib.parse_checkpoint(checkpoint)
+  parameters.check_members(members)
   if weights:
     if len(weights) != len(members) + 1:
       raise UserError(f"--ensemble_weights: {len(weights)} weights for {len(members) + 1} "
@@ -138,39 +114,19 @@ def restore_ensemble(config: Any, workdir: str, members: Sequence[str],
 
   The members share the first model's mesh and decoding settings. A member whose vocabulary or
   language pair differs from the first model's, or that cannot be restored, is a UserError
-  naming it. The returned `params` and `translator` are the ensemble's (`tokenizer` and
-  `layout` the first model's).
+  naming it (`parameters.restore_members`). The returned `params` and `translator` are the
+  ensemble's (`tokenizer` and `layout` the first model's).
   """
   check_ensemble(members, weights)
   first = restore(config, workdir, average, checkpoint)
-  models = [first]
-  pair = (config.data.get("source_lang"), config.data.get("target_lang"))
-  for spec in members:
-    path, member_checkpoint = parse_member(spec)
-    member_config = workdir_lib.load(path)
-    if (member_config.data.get("source_lang"), member_config.data.get("target_lang")) != pair:
-      raise UserError(f"--ensemble member {spec}: it translates "
-                      f"{member_config.data.get('source_lang')}-"
-                      f"{member_config.data.get('target_lang')}, the first model "
-                      f"{pair[0]}-{pair[1]}")
-    try:
-      member = restore(member_config, path, checkpoint=member_checkpoint, mesh=first.layout.mesh)
-    except UserError as e:
-      raise UserError(f"--ensemble member {spec}: {e}") from None
-    if member.tokenizer.sha256 != first.tokenizer.sha256:
-      raise UserError(f"--ensemble member {spec}: its vocabulary ({member.tokenizer.path}) is "
-                      f"not the first model's ({first.tokenizer.path}); the members of an "
-                      "ensemble share one vocabulary")
-    models.append(member)
-  configs = tuple(m.layout.model_config for m in models)
-  translator = Translator(configs, config.decode, first.layout.mesh,
-                          tuple(m.layout.param_shardings for m in models),
-                          bucketing.workdir_buckets(config, workdir), weights=weights,
-                          detokenize=first.tokenizer.decode)
-  shares = translator.weights or (1.0,) * len(models)
+  others = parameters.restore_members(config, first.tokenizer, members, first.layout.mesh)
+  translator = first.translator.with_members(
+    [m.layout.model_config for m in others], [m.layout.param_shardings for m in others],
+    weights)
+  shares = translator.weights or (1.0,) * (len(others) + 1)
   total = sum(shares)
   label = "ensemble of " + ", ".join(
-    f"{spec} ({m.label}, weight {w / total:.3g})"
-    for spec, m, w in zip([workdir, *members], models, shares, strict=True))
-  return Restored(first.tokenizer, first.layout, translator, tuple(m.params for m in models),
-                  label, first.step)
+    f"{spec} ({label}, weight {w / total:.3g})" for spec, label, w in
+    zip([workdir, *members], [first.label, *(m.label for m in others)], shares, strict=True))
+  return Restored(first.tokenizer, first.layout, translator,
+                  (first.params, *(m.params for m in others)), label, first.step)

@@ -162,7 +162,7 @@ def average(config: Any, workdir: str, request: Request) -> None:
   from transformer.data import bucketing, input_pipeline
   from transformer.decoding.translate import Translator
   from transformer.metrics import MetricWriter
-  from transformer.training import evaluators
+  from transformer.training import evaluators, parameters
 
   check_workdir_config(config, workdir)
   check_no_ensemble(request, "average")
@@ -184,7 +184,9 @@ def average(config: Any, workdir: str, request: Request) -> None:
     layout, lambda decode: Translator(layout.model_config, decode, layout.mesh,
                                       layout.param_shardings, buckets,
                                       detokenize=model.tokenizer.decode),
-    model.tokenizer, batches, references, workdir, config)
+    model.tokenizer, batches, references, workdir, config,
+    restore_members=lambda specs, what: parameters.restore_members(
+      config, model.tokenizer, specs, layout.mesh, what))
   evals = evaluators.build(evaluators.of_config(config), context)
   result = evaluators.run_all(evals, model.params, model.step, tag="average_")
   MetricWriter(workdir, tensorboard=False).write(model.step, result.metrics)

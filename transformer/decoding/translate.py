@@ -5,6 +5,7 @@ translate mode.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import os
@@ -346,6 +347,22 @@ class Translator:
     self.bucket_lengths = sorted(bucket_lengths)
     self._param_shardings = param_shardings
     self._fns: dict[tuple, Any] = {}
+
+  def with_members(self, model_configs: Sequence[ModelConfig], param_shardings: Sequence[Any],
+                   weights: Sequence[float] | None = None) -> Translator:
+    """This translator's model and `model_configs` (with their parameters' shardings) as one
+    ensemble, with this one's search and batching; its parameters are then the tuple of this
+    model's and the members' (`weights`: one per model, this one first; default equal)."""
+    configs = self.model_config if isinstance(self.model_config, tuple) else (self.model_config,)
+    shardings = (self._param_shardings if isinstance(self.model_config, tuple)
+                 else (self._param_shardings,))
+    out = copy.copy(self)
+    out.model_config = (*configs, *model_configs)
+    out._param_shardings = (*shardings, *param_shardings)
+    out.weights = None if not weights else tuple(float(w) for w in weights)
+    out.max_len = min(c.max_len for c in out.model_config)
+    out._fns = {}
+    return out
 
   def _decode_fn(self, nbest: int, src_len: int, max_len: int, prefixed: bool = False):
     key = ("decode", nbest, src_len, max_len, prefixed)

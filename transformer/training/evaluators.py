@@ -52,6 +52,9 @@ class Context:
     references: split -> (source, target) text pairs.
     workdir: where translations are written (`translations/`).
     config: the run's config.
+    restore_members: ensemble members (`WORKDIR[@CHECKPOINT]`s) and the field that names them
+      -> their restored models (`parameters.restore_members` on this run's mesh); for the
+      translation evaluators' `ensemble` field.
   """
 
   layout: Any
@@ -61,6 +64,7 @@ class Context:
   references: dict[str, list[tuple[str, str]]]
   workdir: str
   config: Any
+  restore_members: Callable[[list[str], str], list[Any]] | None = None
   _translators: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False)
 
   def translator(self, decode: Any) -> Any:
@@ -118,10 +122,13 @@ class TranslationEvaluator:
   """Decodes a split's first `sentences` sources (0: all) and scores them against the
   references: `{prefix}/bleu`, `{prefix}/chrf`, ... The translations go to
   `<workdir>/translations/{tag}{split}_{step}.txt`. `beam_size` and `alpha` override the
-  config's `decode` fields for this evaluator (None: the config's)."""
+  config's `decode` fields for this evaluator (None: the config's). `ensemble`, a
+  comma-separated list of other workdirs (`WORKDIR[@CHECKPOINT]`: seeds, runs, checkpoints),
+  decodes the evaluated parameters together with theirs as one ensemble (log probabilities
+  averaged at every step; `infer.restore_ensemble`), e.g. in the final evaluation."""
 
   FIELDS = {"split": "validation", "prefix": "eval", "every_steps": 0, "sentences": 0,
-            "metrics": "bleu,chrf,ter", "beam_size": None, "alpha": None}
+            "metrics": "bleu,chrf,ter", "beam_size": None, "alpha": None, "ensemble": ""}
 
   def __init__(self, name: str, spec: Any, context: Context):
     self.name, self.spec, self.context = name, spec, context
@@ -130,6 +137,16 @@ class TranslationEvaluator:
       if spec.get(field) is not None:
         decode[field] = spec[field]
     self.translator = context.translator(decode)
+    self.member_params: tuple[Any, ...] = ()
+    members = [m.strip() for m in (spec.get("ensemble") or "").split(",") if m.strip()]
+    if members:
+      if context.restore_members is None:
+        raise ConfigError(f"evals.{name}.ensemble: this program cannot restore ensemble "
+                          "members")
+      models = context.restore_members(members, f"evals.{name}.ensemble")
+      self.translator = self.translator.with_members(
+        [m.layout.model_config for m in models], [m.layout.param_shardings for m in models])
+      self.member_params = tuple(m.params for m in models)
 
   @staticmethod
   def names(spec: Any) -> list[str]:
@@ -138,6 +155,8 @@ class TranslationEvaluator:
   def run(self, params: Any, step: int, tag: str = "") -> Result:
     pairs = self.context.references[self.spec.split][: self.spec.sentences or None]
     tokenizer = self.context.tokenizer
+    if self.member_params:
+      params = (params, *self.member_params)
     hyps = [tokenizer.decode(ids) for ids in
             self.translator.translate_ids(params, [tokenizer.encode(s) for s, _ in pairs])]
     if jax.process_index() == 0:
@@ -170,12 +189,13 @@ def default_evals() -> Any:
 
   translation = {"type": "translation", "every_steps": 0, "sentences": 0,
                  "metrics": "bleu,chrf,ter", "beam_size": config_dict.placeholder(int),
-                 "alpha": config_dict.placeholder(float)}
+                 "alpha": config_dict.placeholder(float), "ensemble": ""}
   return config_dict.ConfigDict({
     "valid_loss": {"type": "loss", "split": "validation", "prefix": "eval",
                    "every_steps": 500},
     # sentences: how many of the split's first sentences are decoded (0: all); beam_size and
-    # alpha: this evaluator's search (None: decode's).
+    # alpha: this evaluator's search (None: decode's); ensemble: other workdirs decoded with
+    # the evaluated parameters as one model (WORKDIR[@CHECKPOINT],...; '' for none).
     "valid_translation": {**translation, "split": "validation", "prefix": "eval"},
     "test_translation": {**translation, "split": "test", "prefix": "test"},
   })
@@ -228,6 +248,9 @@ def check(evals: Any) -> None:
                           f"of {', '.join(TRANSLATION_METRICS)}")
       if spec.get("beam_size") is not None:
         _check_int(f"{where}.beam_size", spec.get("beam_size"), 1, 2**20, " (None: decode's)")
+      if not isinstance(spec.get("ensemble", "") or "", str):
+        raise ConfigError(f"{where}.ensemble={show(spec.get('ensemble'))}: must be a "
+                          "comma-separated list of WORKDIR[@CHECKPOINT] ('' for none)")
       alpha = spec.get("alpha")
       if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, int | float)
                                 or not math.isfinite(alpha) or not 0 <= alpha <= 100):

@@ -17,6 +17,7 @@ all go through here.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -25,11 +26,15 @@ import numpy as np
 from absl import logging
 from etils import epath
 
+from transformer import sharding as sharding_lib
 from transformer import workdir as workdir_lib
-from transformer.errors import CheckpointError
+from transformer.data import vocabulary
+from transformer.errors import CheckpointError, UserError
 from transformer.training.best_checkpoint import BestCheckpoint
-from transformer.training.checkpoint import Checkpointer, check_meta
+from transformer.training.checkpoint import Checkpointer, check_meta, run_meta
 from transformer.training.layout import ModelLayout
+from transformer.training.train_state import optimizer_value
+from transformer.training.validate import validate
 
 # The part of a checkpoint's train state that holds what inference uses.
 PARAMS, EMA_PARAMS = "params", "ema_params"
@@ -162,3 +167,74 @@ def _restore_newest_usable(checkpointer: Checkpointer, newest: int, key: str,
                     str(e).strip().splitlines()[:1])
   raise CheckpointError(f"no usable checkpoint in {checkpointer.directory}: every step is "
                         "damaged")
+
+
+@dataclasses.dataclass
+class Model:
+  """A workdir's model restored for inference: its vocabulary, layout and parameters."""
+
+  tokenizer: Any
+  layout: ModelLayout
+  params: Any
+  label: str
+  step: int
+
+
+def restore_model(config: Any, workdir: str, choice: workdir_lib.Choice,
+                  mesh: jax.sharding.Mesh | None = None) -> Model:
+  """The parameters `choice` names of `workdir` on a layout of `config` (over `mesh`, default
+  the config's): their moving average where the run kept one (`optimizer.ema_decay` > 0)."""
+  model_config = validate(config, jax.device_count())
+  tokenizer = vocabulary.stored_tokenizer(workdir)
+  if tokenizer is None:
+    raise CheckpointError(f"{workdir_lib.paths(workdir).vocab} not found: train first with "
+                          f"--mode=train --workdir={workdir} (or import a model, --mode=import)")
+  selected = select(workdir, choice)
+  layout = ModelLayout(config, mesh or sharding_lib.make_mesh(config.mesh), model_config)
+  ema = optimizer_value(config, "ema_decay") > 0
+  params = restore(layout, selected, run_meta(config, model_config, tokenizer.sha256), ema=ema)
+  return Model(tokenizer, layout, params, selected.label + (" (EMA)" if ema else ""),
+               max(selected.steps))
+
+
+def parse_member(spec: str) -> tuple[str, str | None]:
+  """An ensemble member `WORKDIR[@CHECKPOINT]` -> (workdir, checkpoint or None)."""
+  workdir, _, checkpoint = spec.partition("@")
+  return workdir, checkpoint or None
+
+
+def check_members(members: Sequence[str], what: str = "--ensemble") -> None:
+  """UserError unless each member is a workdir with a saved config and a valid checkpoint."""
+  for spec in members:
+    workdir, checkpoint = parse_member(spec)
+    if not workdir_lib.paths(workdir).config.exists():
+      raise UserError(f"{what} member {spec}: no {workdir_lib.CONFIG} in {workdir}: not a "
+                      "workdir of this program")
+    workdir_lib.parse_checkpoint(checkpoint)
+
+
+def restore_members(config: Any, tokenizer: Any, members: Sequence[str],
+                    mesh: jax.sharding.Mesh, what: str = "--ensemble") -> list[Model]:
+  """Ensemble members (`WORKDIR[@CHECKPOINT]`, each with its own saved config) on `mesh`,
+  checked against the first model's `config` and `tokenizer`: the same language pair and the
+  same vocabulary, else a UserError naming the member (`what` names the flag or field)."""
+  check_members(members, what)
+  pair = (config.data.get("source_lang"), config.data.get("target_lang"))
+  out = []
+  for spec in members:
+    path, checkpoint = parse_member(spec)
+    member_config = workdir_lib.load(path)
+    theirs = (member_config.data.get("source_lang"), member_config.data.get("target_lang"))
+    if theirs != pair:
+      raise UserError(f"{what} member {spec}: it translates {theirs[0]}-{theirs[1]}, the first "
+                      f"model {pair[0]}-{pair[1]}")
+    try:
+      member = restore_model(member_config, path, workdir_lib.choose(checkpoint), mesh)
+    except UserError as e:
+      raise UserError(f"{what} member {spec}: {e}") from None
+    if member.tokenizer.sha256 != tokenizer.sha256:
+      raise UserError(f"{what} member {spec}: its vocabulary ({member.tokenizer.path}) is not "
+                      f"the first model's ({tokenizer.path}); an ensemble's members share one "
+                      "vocabulary")
+    out.append(member)
+  return out

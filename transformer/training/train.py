@@ -239,7 +239,9 @@ def _train_and_evaluate(config: Any, workdir: str, model_config: ModelConfig,
       trainer.layout, lambda decode: Translator(model_config, decode, mesh,
                                                 trainer.layout.param_shardings, data.buckets,
                                                 detokenize=data.tokenizer.decode),
-      data.tokenizer, data.eval, data.references, workdir, config)
+      data.tokenizer, data.eval, data.references, workdir, config,
+      restore_members=lambda specs, what: parameters.restore_members(
+        config, data.tokenizer, specs, mesh, what))
     evals = evaluators.build(evaluators.of_config(config), context)
     logging.info("Model: %s parameters; mesh %s; batch shapes %s",
                  f"{count_params(trainer.abstract_state.params):,}",
