@@ -2,13 +2,14 @@
 significance.
 
 Two runs of `configs/numbers.py` that differ only in their seed (`--seeds`, `--steps` steps
-each; trained here by the main program unless their workdirs exist) translate the numbers
-test split (`--sentences` of its pairs). Each member with beam search (the paper's, beam 4)
-and with greedy search, their ensemble (`infer.restore_ensemble`: log probabilities averaged
-at every step), and the first member with MBR (`decode.method='mbr'`, 16 samples, chrF
-utility) are scored with BLEU, chrF and TER, and every system is tested against the first
-member's beam search with paired bootstrap resampling and approximate randomization
-(`decoding/significance.py`).
+each; trained here by the main program unless their workdirs exist; the second with the
+first's vocabulary, as an ensemble's members share one) translate the numbers test split
+(`--sentences` of its pairs). Each member with beam search (the paper's, beam 4) and with
+greedy search, their ensemble (`infer.restore_ensemble`: log probabilities averaged at every
+step), and the first member with MBR (`decode.method='mbr'`, chrF utility; over 16 samples,
+and over the n-best list of a beam of 8) are scored with BLEU, chrF and TER, and every system
+is tested against the first member's beam search with paired bootstrap resampling and
+approximate randomization (`decoding/significance.py`).
 
     python -m experiments.decoding [--steps=800] [--seeds=0,1] [--root=runs/decoding]
 """
@@ -16,18 +17,27 @@ member's beam search with paired bootstrap resampling and approximate randomizat
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
 from typing import Any
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MBR = {"method": "mbr", "mbr_candidates": 16, "mbr_sampler": "sample", "mbr_utility": "chrf",
-       "temperature": 1.0}
+# MBR's two candidate sets: 16 samples (temperature 1), or the n-best list of a beam of 8.
+MBR = {"MBR (16 samples, chrF)": {"method": "mbr", "mbr_candidates": 16, "mbr_sampler": "sample",
+                                  "mbr_utility": "chrf", "temperature": 1.0},
+       "MBR (beam-8 n-best, chrF)": {"method": "mbr", "mbr_candidates": 8, "beam_size": 8,
+                                     "mbr_sampler": "beam", "mbr_utility": "chrf"}}
 
 
 def train(workdir: str, seed: int, steps: int) -> None:
-  """A run of the default config with this seed and number of steps (resumed if it exists)."""
+  """A run of the default config with this seed and number of steps (resumed if it exists;
+  nothing to do if it finished)."""
+  from experiments.sweep import is_finished
+
+  if is_finished(workdir):
+    return
   cmd = [sys.executable, "-m", "transformer.main", "--config=configs/numbers.py",
          f"--workdir={workdir}", f"--config.seed={seed}", f"--config.num_train_steps={steps}",
          "--config.average_last_checkpoints=0"]
@@ -51,7 +61,12 @@ def run(root: str, seeds: list[int], steps: int, sentences: int, samples: int, t
   from transformer.decoding import significance
 
   workdirs = [os.path.join(root, f"seed{s}") for s in seeds]
-  for workdir, seed in zip(workdirs, seeds, strict=True):
+  for i, (workdir, seed) in enumerate(zip(workdirs, seeds, strict=True)):
+    if i > 0 and not os.path.exists(workdir):
+      # An ensemble's members share one vocabulary: the first run's, copied before the start
+      # (training loads a workdir's vocabulary instead of training one).
+      shutil.copytree(workdir_lib.paths(workdirs[0]).vocab_dir,
+                      workdir_lib.paths(workdir).vocab_dir)
     train(workdir, seed, steps)
   pairs = list(nb.generate("test", sentences))
   sources, references = [s for s, _ in pairs], [t for _, t in pairs]
@@ -71,12 +86,13 @@ def run(root: str, seeds: list[int], steps: int, sentences: int, samples: int, t
   name = f"ensemble of seeds {', '.join(map(str, seeds))}, beam 4"
   hyps, seconds[name] = hypotheses(ensemble, sources)
   systems.append((name, hyps))
-  mbr = configs[0].copy_and_resolve_references()
-  for field, value in MBR.items():
-    mbr.decode[field] = value
-  name = f"seed {seeds[0]}, MBR (16 samples, chrF)"
-  hyps, seconds[name] = hypotheses(infer.restore(mbr, workdirs[0]), sources)
-  systems.append((name, hyps))
+  for label, fields in MBR.items():
+    mbr = configs[0].copy_and_resolve_references()
+    for field, value in fields.items():
+      mbr.decode[field] = value
+    name = f"seed {seeds[0]}, {label}"
+    hyps, seconds[name] = hypotheses(infer.restore(mbr, workdirs[0]), sources)
+    systems.append((name, hyps))
   comparison = significance.compare(systems, references, bootstrap_samples=samples,
                                     randomization_trials=trials, seed=seeds[0])
   return {"seeds": seeds, "steps": steps, "sentences": sentences, "workdirs": workdirs,
