@@ -14,6 +14,7 @@ from tests.xla_flags import FAST_COMPILE
 from transformer import infer
 from transformer import workdir as workdir_lib
 from transformer.data import numbers as nb
+from transformer.data import vocabulary
 from transformer.decoding import files
 
 # Most tests here run a command or train a model: `-m 'not slow'` leaves the whole file out.
@@ -486,8 +487,15 @@ def test_a_forced_prefix_of_the_greedy_output_leaves_it_and_a_long_one_is_refuse
   config = workdir_lib.load(workdir)
   config.decode.method = "greedy"
   plain = _mode("translate", config, workdir, tmp_path, "plain.txt", SENTENCES).splitlines()
-  prefixed = [f"{s}\t{' '.join(out.split()[:1])}" for s, out in zip(SENTENCES, plain,
-                                                                     strict=True)]
+  tokenizer = vocabulary.stored_tokenizer(workdir)
+
+  def head(out):
+    """The output's first word, where it leaves the rest of the output (and its EOS) to go."""
+    word = " ".join(out.split()[:1])
+    return word if len(tokenizer.encode(word)) < len(tokenizer.encode(out)) else ""
+
+  prefixed = [f"{s}\t{head(out)}" for s, out in zip(SENTENCES, plain, strict=True)]
+  assert any(p.split("\t")[1] for p in prefixed)
   assert _mode("translate", config, workdir, tmp_path, "prefixed.txt", prefixed,
                target_prefix=True).splitlines() == plain
   empty = [f"{s}\t" for s in SENTENCES]
