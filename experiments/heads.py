@@ -40,6 +40,8 @@ PAPER_CITATION = (
 )
 
 SweepRow = dict[str, Any]
+# The paper's base model's number of heads: the baseline of the significance tests.
+BASE_HEADS = 8
 
 
 def _mean_std(values: list[float]) -> tuple[float | None, float | None]:
@@ -96,6 +98,11 @@ def report_parts(sweep: sweep_lib.Sweep, rows: list[SweepRow], png_path: str) ->
                 fmt(r["test/bleu"]), fmt(None if r["step_s"] is None else 1e3 * r["step_s"], 1),
                 fmt(r["wall_s"], 0)] for r in rows]
   wall = sum(r["wall_s"] or 0.0 for r in rows)
+  # Each point against the paper's base setting (h = 8) with the same seed.
+  base = {r["overrides"].get("seed"): r for r in rows
+          if r["overrides"]["model.num_heads"] == BASE_HEADS}
+  tests = sweep_lib.significance_against(sweep, rows,
+                                         lambda r: base.get(r["overrides"].get("seed")))
   spec = f"{sweep.path}{':' + sweep.arg if sweep.arg else ''}"
   decode = cfg.decode
   unfinished = [r["name"] for r in rows if not r["finished"]]
@@ -128,9 +135,10 @@ def report_parts(sweep: sweep_lib.Sweep, rows: list[SweepRow], png_path: str) ->
       report_lib.markdown_table(["point", "h", "seed", "step", "valid PPL", "valid BLEU",
                                  "test BLEU", "step (ms)", "wall (s)"], per_point),
     ] + ([f"\nUnfinished points (no test/bleu yet): {', '.join(unfinished)}.\n"]
-         if unfinished else [])
+         if unfinished else []) + sweep_lib.significance_table(tests)
   return {"title": f"Number of attention heads (Table 3, row A): `{sweep.name}`",
-          "intro": intro, "body": body, "record": {"groups": groups, "rows": rows}}
+          "intro": intro, "body": body,
+          "record": {"groups": groups, "rows": rows, "significance": tests}}
 
 
 def _plot(groups: list[dict[str, Any]], rows: list[SweepRow], path: str) -> None:

@@ -251,6 +251,67 @@ def collect(sweep: Sweep, root: str) -> list[dict[str, Any]]:
   return rows
 
 
+def point_translations(row: dict[str, Any]) -> list[str] | None:
+  """A finished point's test translations from its final evaluation
+  (`translations/test_<step>.txt`), or None."""
+  if not row["finished"] or not row.get("workdir"):
+    return None
+  from transformer.training.evaluators import translations_path
+
+  path = translations_path(row["workdir"], "test", row["step"])
+  if not path.exists():
+    return None
+  return path.read_text(encoding="utf-8").splitlines()
+
+
+def significance_against(sweep: Sweep, rows: list[dict[str, Any]],
+                         baseline_of: Callable[[dict[str, Any]], dict[str, Any] | None],
+                         samples: int = 1000, trials: int = 10000) -> dict[str, Any]:
+  """Paired significance of each finished point's test BLEU, chrF and TER against its
+  baseline point (`baseline_of(row)`, e.g. the same seed at the paper's setting), on the test
+  references both translated: {point: {"baseline", "bleu": {p_bootstrap, p_randomization},
+  ...}} (transformer/decoding/significance.py). Points without translations are left out."""
+  from transformer.data import input_pipeline
+  from transformer.decoding import significance
+
+  out: dict[str, Any] = {}
+  references: list[str] | None = None
+  for row in rows:
+    base = baseline_of(row)
+    if base is None or base["name"] == row["name"]:
+      continue
+    mine, theirs = point_translations(row), point_translations(base)
+    if mine is None or theirs is None or len(mine) != len(theirs):
+      continue
+    if references is None:
+      pairs = input_pipeline.open_reader(point_config(sweep, sweep.points[0])).read_pairs("test")
+      references = [t for _, t in pairs]
+    result = significance.compare([(base["name"], theirs), (row["name"], mine)],
+                                  references[: len(mine)], bootstrap_samples=samples,
+                                  randomization_trials=trials)
+    out[row["name"]] = {"baseline": base["name"], **{
+      m: {"p_bootstrap": r.p_bootstrap, "p_randomization": r.p_randomization,
+          "score": r.score, "baseline_score": result.results[base["name"]][m].score}
+      for m, r in result.results[row["name"]].items()}}
+  return out
+
+
+def significance_table(tests: dict[str, Any]) -> list[str]:
+  """The markdown of `significance_against`'s results (nothing if there are none)."""
+  if not tests:
+    return []
+  fmt = report_lib.fmt
+  rows = [[name, t["baseline"], *(f"{fmt(t[m]['score'])} vs {fmt(t[m]['baseline_score'])}, "
+                                  f"p {t[m]['p_bootstrap']:.3f} / {t[m]['p_randomization']:.3f}"
+                                  for m in ("bleu", "chrf", "ter"))]
+          for name, t in tests.items()]
+  return ["\n### Significance of the test scores\n",
+          "Each point's test translations against its baseline's on the same references: "
+          "paired bootstrap resampling / approximate randomization p-values "
+          "(transformer/decoding/significance.py).\n",
+          report_lib.markdown_table(["point", "baseline", "BLEU", "chrF", "TER"], rows)]
+
+
 def default_report(sweep: Sweep, rows: list[dict[str, Any]], png_path: str) -> dict[str, Any]:
   """A table of every point (`report.write`'s title, intro, body and record); draws the
   points' final metrics into `png_path`."""
@@ -267,12 +328,15 @@ def default_report(sweep: Sweep, rows: list[dict[str, Any]], png_path: str) -> d
     "the config's validation split (BLEU on its first `evals.valid_translation.sentences`), "
     "step (ms) = "
     "median training-step time over the logged windows after the first.")
+  # Every point against the first.
+  tests = significance_against(sweep, rows, lambda _: rows[0] if rows else None)
   body = (
     ["## Results\n", report_lib.markdown_table(
       ["point", *keys, "step", "valid PPL", "valid BLEU", "test BLEU", "params", "step (ms)"],
       table)]
     + ([f"\nUnfinished points (no test/bleu yet): {', '.join(unfinished)}.\n"] if unfinished
-       else []) + [f"\n![{sweep.name}]({os.path.basename(png_path)})\n"])
+       else []) + significance_table(tests)
+    + [f"\n![{sweep.name}]({os.path.basename(png_path)})\n"])
 
   metrics = [("eval/perplexity", "validation perplexity"), ("eval/bleu", "validation BLEU"),
              ("test/bleu", "test BLEU")]
@@ -290,7 +354,7 @@ def default_report(sweep: Sweep, rows: list[dict[str, Any]], png_path: str) -> d
     ax.grid(alpha=0.3)
   report_lib.save_figure(fig, png_path)
   return {"title": f"Sweep `{sweep.name}`", "intro": intro, "body": body,
-          "record": {"rows": rows}}
+          "record": {"rows": rows, "significance": tests}}
 
 
 def run_points(sweep_spec: str, sweep: Sweep, root: str, parallel: int,

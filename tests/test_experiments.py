@@ -135,7 +135,14 @@ def test_tiny_sweep_writes_the_table_and_a_rerun_skips(tiny_sweep):
   assert "python -m experiments.sweep" in md and "## Machine" in md and "2/2 points" in proc.stdout
   # Every finished row has numbers in it.
   rows = [ln for ln in md.splitlines() if ln.startswith("| num_heads-")]
-  assert len(rows) == 2 and all(" - |" not in r.split("|", 4)[-1] for r in rows)
+  assert len(rows) == 3 and all(" - |" not in r.split("|", 4)[-1] for r in rows[:2])
+  # The second point's test scores against the first's, with their p-values.
+  assert "### Significance of the test scores" in md
+  tests = json.loads((tmp / "results" / "tiny.json").read_text())["significance"]
+  assert list(tests) == ["num_heads-4"] and tests["num_heads-4"]["baseline"] == "num_heads-2"
+  for metric in ("bleu", "chrf", "ter"):
+    assert 0 < tests["num_heads-4"][metric]["p_bootstrap"] <= 1
+    assert 0 < tests["num_heads-4"][metric]["p_randomization"] <= 1
 
   before = {p: p.stat().st_mtime_ns for p in (tmp / "runs").rglob("metrics.jsonl")}
   again = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)

@@ -118,6 +118,11 @@ class LossEvaluator:
                                 f"{tag}{self.spec.prefix}"))
 
 
+def translations_path(workdir: str, split: str, step: int, tag: str = "") -> Any:
+  """Where a translation evaluator writes a split's translations at `step`."""
+  return workdir_lib.paths(workdir).translations / f"{tag}{split}_{step}.txt"
+
+
 class TranslationEvaluator:
   """Decodes a split's first `sentences` sources (0: all) and scores them against the
   references: `{prefix}/bleu`, `{prefix}/chrf`, ... The translations go to
@@ -160,8 +165,7 @@ class TranslationEvaluator:
     hyps = [tokenizer.decode(ids) for ids in
             self.translator.translate_ids(params, [tokenizer.encode(s) for s, _ in pairs])]
     if jax.process_index() == 0:
-      path = (workdir_lib.paths(self.context.workdir).translations
-              / f"{tag}{self.spec.split}_{step}.txt")
+      path = translations_path(self.context.workdir, self.spec.split, step, tag)
       storage.write_atomic(path, "".join(h + "\n" for h in hyps))
     refs = [t for _, t in pairs]
     wanted = _metric_list(self.spec.metrics)
