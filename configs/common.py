@@ -8,6 +8,25 @@ from transformer.nn.model import ModelConfig
 from transformer.training import evaluators
 
 
+def corpus(dataset: str, *, weight: float = 1.0, tag: str = "",
+           **data: object) -> config_dict.ConfigDict:
+  """An entry of `config.data.corpora`: a corpus read as `dataset` ('text', 'numbers' or a TFDS
+  builder) with its own data fields (`data`: e.g. train_files, source_lang, target_lang,
+  heldout_pairs, train_split; the others are the main corpus's), its `weight` (an upsampling
+  factor) and its `tag` ('' for none). Every field is present, so any can be overridden on the
+  command line (`--config.data.corpora.NAME.weight=2`)."""
+  from transformer.data import mixture
+
+  entry = config_dict.ConfigDict({"dataset": dataset, "weight": float(weight), "tag": tag})
+  for name in mixture.DATA_FIELDS:
+    value = data.pop(name, None)
+    entry[name] = config_dict.placeholder(object) if value is None else value
+  if data:
+    raise ValueError(f"corpus(): no such field {sorted(data)[0]!r}; fields: "
+                     f"{', '.join(mixture.DATA_FIELDS)}")
+  return entry
+
+
 def base_config() -> config_dict.ConfigDict:
   config = config_dict.ConfigDict()
   config.name = "base"
@@ -44,6 +63,12 @@ def base_config() -> config_dict.ConfigDict:
   config.data.numbers_variant = "default"  # numbers corpus size: default (200k) | tiny (2k)
   # Tokenized training split (flat arrays, memory-mapped); None: <workdir>/cache.
   config.data.cache_dir = config_dict.placeholder(str)
+  # Several corpora in one run (transformer/data/mixture.py, docs/data.md): the main corpus
+  # above has `weight` (an upsampling factor) and `tag` (a token put in front of its sources,
+  # e.g. '>>de<<'; '': none); more corpora are entries NAME = corpus(...) of `corpora`.
+  config.data.weight = 1.0
+  config.data.tag = ""
+  config.data.corpora = config_dict.ConfigDict()
 
   # Every field of ModelConfig, so `ModelConfig(**config.model)` works.
   config.model = config_dict.ConfigDict(dataclasses.asdict(ModelConfig()))
@@ -138,6 +163,9 @@ def base_config() -> config_dict.ConfigDict:
   config.decode.mbr_utility = "chrf"
   # Never output the padding id (0); set for imported OPUS-MT models, whose configs forbid it.
   config.decode.suppress_padding = False
+  # The tag put in front of every source line without one of its own, for a model trained on
+  # tagged corpora (a multilingual model's '>>fr<<'); '': none.
+  config.decode.tag = ""
   # Corpus translation reads and translates this many input lines at a time.
   config.decode.chunk_size = 10000
   config.num_samples_to_print = 5

@@ -5,7 +5,9 @@ Settings: a ConfigDict of configs/long_range.py. For each distribution of the tr
 distances, both models train `steps` steps on the same batches of recall sequences with the
 project's Trainer and train_step (Adam with the paper's schedule, no label smoothing), then
 answer fresh examples at each evaluated distance d (teacher-forced; argmax at the answer
-position; accuracy over `eval_examples`, chance 1 / `num_keys`).
+position; accuracy over `eval_examples`, chance 1 / `num_keys`). Both models answer the same
+examples, and each answer is kept (`correct`), so the report tests the difference between them
+with McNemar's exact test, per distance and over all distances (`significance.mcnemar`).
 """
 
 from __future__ import annotations
@@ -73,17 +75,19 @@ def train_and_test(config: Any, mc: Any, s: Any, distribution: str,
 
   apply = jax.jit(lambda p, x, y: build_model(mc).apply({"params": p}, x, y))
   eval_rng = np.random.default_rng([s.seed, 2])
-  accuracy = {}
+  accuracy, correct = {}, {}
   for d in (d for d in s.distances if d <= s.max_distance):
     batch = tasks.recall_batch(eval_rng, np.full(s.eval_examples, d), s.num_keys,
                                length=s.max_distance + 2)
     logits = apply(state.params, jnp.asarray(batch["inputs"]), jnp.asarray(batch["targets"]))
     pred = np.asarray(jnp.argmax(logits[np.arange(s.eval_examples), batch["distance"]], -1))
-    accuracy[str(int(d))] = float(np.mean(pred == batch["answer"]))
+    right = pred == batch["answer"]
+    accuracy[str(int(d))] = float(np.mean(right))
+    correct[str(int(d))] = "".join("1" if r else "0" for r in right.tolist())
   log(f"[long range] {mc.kind}, d {distribution}: accuracy by distance {accuracy}")
   return {"kind": mc.kind, "d_model": mc.d_model, "params": count_params(state.params),
-          "accuracy": accuracy, "losses": losses, "train_s": train_s, "step_s": step_s,
-          "steps": s.steps}
+          "accuracy": accuracy, "correct": correct, "losses": losses, "train_s": train_s,
+          "step_s": step_s, "steps": s.steps}
 
 
 def run(s: Any, log: Callable[[str], None] = print) -> dict[str, Any]:
@@ -119,7 +123,58 @@ def markdown(lr: dict[str, Any]) -> list[str]:
     "train (s): all steps, compilation included.\n",
     report.markdown_table(["training distances", "model", "d_model", "params", "step (ms)",
                            "train (s)", "final loss"] + [f"d={d}" for d in distances], rows),
+    *significance_markdown(lr),
   ]
+
+
+def significance_markdown(lr: dict[str, Any]) -> list[str]:
+  """The paired test of the two models' answers, a table per training distribution."""
+  tables = []
+  for run_ in lr["runs"]:
+    rows = significance(run_)
+    if rows is None:
+      continue
+    tables += [f"\nTraining distances {run_['distribution'].replace('_', '-')}:\n",
+               report.markdown_table(
+                 ["d", "only the Transformer right", "only the LSTM right", "p (McNemar)"],
+                 [[r["d"], r["transformer_only"], r["lstm_only"], f"{r['p']:.3g}"]
+                  for r in rows])]
+  if not tables:
+    return []
+  n = lr["settings"]["eval_examples"]
+  return ["\nSignificance: both models answer the same examples, so their difference is "
+          "tested pairwise with McNemar's exact test (two-sided; Dietterich 1998): of the "
+          f"{n} examples at a distance (or all of them, d = all), those only one model gets "
+          "right are fair coin flips under the null hypothesis. One training seed per model: "
+          "the test covers the examples, not the variation between training runs.\n",
+          *tables]
+
+
+def significance(run_: dict[str, Any]) -> list[dict[str, Any]] | None:
+  """McNemar's exact test of the Transformer against the LSTM on the examples both answered,
+  per distance and over all of them: [{'d' ('all' for the pool), 'transformer_only',
+  'lstm_only', 'p'}], or None when the run kept no answers."""
+  from transformer.decoding.significance import mcnemar
+
+  by_kind = {m["kind"]: m.get("correct") for m in run_["models"]}
+  t, lstm = by_kind.get("transformer"), by_kind.get("lstm")
+  if not t or not lstm:
+    return None
+
+  def bits(s: str) -> list[bool]:
+    return [c == "1" for c in s]
+
+  rows = []
+  for d in sorted(set(t) & set(lstm), key=int):
+    rows.append({"d": d, **_named(mcnemar(bits(t[d]), bits(lstm[d])))})
+  pooled = sorted(set(t) & set(lstm), key=int)
+  rows.append({"d": "all", **_named(mcnemar(bits("".join(t[d] for d in pooled)),
+                                            bits("".join(lstm[d] for d in pooled))))})
+  return rows
+
+
+def _named(test: dict[str, Any]) -> dict[str, Any]:
+  return {"transformer_only": test["a_only"], "lstm_only": test["b_only"], "p": test["p"]}
 
 
 def plot(lr: dict[str, Any], path: str) -> None:

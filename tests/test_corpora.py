@@ -171,12 +171,12 @@ def test_a_split_the_builder_does_not_have_lists_its_splits():
     corpora.open_corpus(numbers_tiny(dataset="numbers_translate/tiny", eval_split="dev"))
   with pytest.raises(DataError, match="data.target_lang='fr'"):
     corpora.open_corpus(numbers_tiny(dataset="numbers_translate/tiny", target_lang="fr"))
-  # The numbers corpus as text files: its three splits and two languages, named the same way.
+  # The numbers corpus as text files: its three splits and three languages, named the same way.
   with pytest.raises(DataError, match=r"data.eval_split='dev': numbers/tiny/\S+ has the splits "
                                       r"train, validation, test;.*=numbers_translate/tiny"):
     corpora.open_corpus(numbers_tiny(eval_split="dev"))
-  with pytest.raises(DataError, match="data.target_lang='fr': numbers/tiny/.* it has en, de"):
-    corpora.open_corpus(numbers_tiny(target_lang="fr"))
+  with pytest.raises(DataError, match="data.target_lang='es': numbers/tiny/.* it has en, de, fr"):
+    corpora.open_corpus(numbers_tiny(target_lang="es"))
 
 
 def test_the_numbers_corpus_is_read_without_tensorflow(tmp_path):

@@ -144,7 +144,7 @@ def test_load_splits_numbers_direction(numbers_dir):
 
 def test_bad_language_pair_or_variant_is_data_error():
   with pytest.raises(DataError, match="source_lang"):
-    ip.load_splits(make_config(source_lang="fr"))
+    ip.load_splits(make_config(source_lang="es"))
   with pytest.raises(DataError, match="numbers_variant"):
     ip.load_splits(make_config(numbers_variant="huge"))
 

@@ -255,8 +255,9 @@ def test_reports_from_records(tiny_cost, tmp_path):
   assert "c1" in md and "c2" in md and "| 16 |" in md and "not timed" in md
   assert "| 16 | 7 / 9 | 3 | 30.00 | 50.00 | 10.00 * |" in md
   models = [{"kind": k, "d_model": 8, "params": 100, "train_s": 1.0, "step_s": 0.1,
-             "losses": [(1, 0.5)], "accuracy": {"2": 1.0, "400": a}, "steps": 1}
-            for k, a in (("transformer", 1.0), ("lstm", 0.125))]
+             "losses": [(1, 0.5)], "accuracy": {"2": 1.0, "400": a}, "steps": 1,
+             "correct": {"2": "1" * 8, "400": c}}
+            for k, a, c in (("transformer", 1.0, "1" * 8), ("lstm", 0.125, "10000000"))]
   lr = {"settings": long_range.get_config().to_dict(),
         "runs": [{"distribution": "uniform", "models": models}]}
   caches = [{"kind": k, "n": n, "bytes": 10 * n} for k in ("transformer", "lstm") for n in (8, 16)]
@@ -265,6 +266,10 @@ def test_reports_from_records(tiny_cost, tmp_path):
   paths += [str(tmp_path / f"claims{f}") for f in claims.FIGURES]
   md = open(paths[0]).read()
   assert "O(n^2 d)" in md and "accuracy 0.12 at d=400 (uniform)" in md and "| lstm |" in md
+  # McNemar: at d=2 they never disagree (p = 1); at d=400 only the Transformer is right on 7
+  # examples (p = 2 / 2^7); pooled, the same 7.
+  assert "| 2 | 0 | 0 | 1 |" in md and "| 400 | 7 | 0 | 0.0156 |" in md
+  assert "| all | 7 | 0 | 0.0156 |" in md
   assert all(os.path.getsize(p) > 0 for p in paths)
 
 

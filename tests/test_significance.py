@@ -94,3 +94,19 @@ def test_the_table_has_a_row_per_system_and_marks_the_baseline():
   lines = significance.table(result).splitlines()
   assert len(lines) == 4 and lines[2].startswith("| close |") and "baseline" in lines[2]
   assert lines[3].startswith("| worse |") and "baseline" not in lines[3]
+
+
+def test_mcnemar_exact():
+  """McNemar's exact p against the binomial tail written out, and its edge cases."""
+  from math import comb
+
+  a = [1] * 30 + [0] * 10 + [1] * 5 + [0] * 2
+  b = [1] * 30 + [0] * 10 + [0] * 5 + [1] * 2
+  r = significance.mcnemar(a, b)
+  assert (r["a_only"], r["b_only"]) == (5, 2)
+  assert r["p"] == pytest.approx(2 * sum(comb(7, i) for i in range(3)) / 2**7)
+  assert significance.mcnemar(b, a)["p"] == r["p"]  # symmetric
+  assert significance.mcnemar(a, a)["p"] == 1.0  # never disagree
+  assert significance.mcnemar([1] * 20, [0] * 20)["p"] == pytest.approx(2 / 2**20)
+  with pytest.raises(UserError, match="equal-length"):
+    significance.mcnemar([1, 0], [1])

@@ -25,7 +25,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A field whose value is a mapping of its own (language -> path) is one leaf.
 MAPPING_LEAVES = ("data.train_files", "data.eval_files", "data.test_files")
 # Fields under a mapping of named entries, checked entry by entry (evaluators.check).
-NAMED_ENTRIES = ("evals",)
+NAMED_ENTRIES = ("evals", "data.corpora")
 
 
 def text_with_files() -> config_dict.ConfigDict:

@@ -109,6 +109,7 @@ def train(config: Any, workdir: str, request: Request) -> None:
 def translate(config: Any, workdir: str, request: Request) -> None:
   """`--mode=translate`: `--input` (or stdin) to `--output` (or stdout), in chunks;
   transformer/decoding/files.py documents the formats and the resume."""
+  from transformer.data import mixture
   from transformer.decoding import files
   from transformer.decoding.translate import Search
 
@@ -116,25 +117,30 @@ def translate(config: Any, workdir: str, request: Request) -> None:
   search = Search.from_config(config.decode)
   files.check_request("translate", request.nbest, request.output_format, search, request.input,
                       request.output)
+  mixture.check_known_tag(config.decode.get("tag", ""), mixture.tags(config))
   model = restore(config, workdir, request)
   settings = {"mode": "translate", "nbest": request.nbest, "format": request.output_format,
               "parameters": model.label, "search": dataclasses.asdict(search),
-              "target_prefix": request.target_prefix, **_input_identity(request.input)}
+              "target_prefix": request.target_prefix, "tag": config.decode.get("tag", ""),
+              **_input_identity(request.input)}
   files.translate_corpus(files.CorpusRun(model, request.input, request.output, settings), config,
                          request.nbest, request.output_format, request.target_prefix)
 
 
 def score(config: Any, workdir: str, request: Request) -> None:
   """`--mode=score`: log p(target | source) of every `source<TAB>target` line of `--input`."""
+  from transformer.data import mixture
   from transformer.decoding import files
   from transformer.decoding.translate import Search
 
   check_workdir_config(config, workdir)
   files.check_request("score", 1, "jsonl", Search.from_config(config.decode), request.input,
                       request.output)
+  mixture.check_known_tag(config.decode.get("tag", ""), mixture.tags(config))
   total = files.check_score_input(request.input)
   model = restore(config, workdir, request)
-  settings = {"mode": "score", "parameters": model.label, **_input_identity(request.input)}
+  settings = {"mode": "score", "parameters": model.label, "tag": config.decode.get("tag", ""),
+              **_input_identity(request.input)}
   files.score_corpus(files.CorpusRun(model, request.input, request.output, settings), config,
                      total)
 
@@ -159,7 +165,7 @@ def average(config: Any, workdir: str, request: Request) -> None:
 
   from transformer import infer
   from transformer import sharding as sharding_lib
-  from transformer.data import bucketing, input_pipeline
+  from transformer.data import bucketing, input_pipeline, mixture
   from transformer.decoding.translate import Translator
   from transformer.metrics import MetricWriter
   from transformer.training import evaluators, parameters
@@ -186,7 +192,9 @@ def average(config: Any, workdir: str, request: Request) -> None:
                                       detokenize=model.tokenizer.decode),
     model.tokenizer, batches, references, workdir, config,
     restore_members=lambda specs, what: parameters.restore_members(
-      config, model.tokenizer, specs, layout.mesh, what))
+      config, model.tokenizer, specs, layout.mesh, what),
+    tag_ids=mixture.tag_ids(model.tokenizer, mixture.corpora_of(config))
+    if mixture.is_mixture(config) else {})
   evals = evaluators.build(evaluators.of_config(config), context)
   result = evaluators.run_all(evals, model.params, model.step, tag="average_")
   MetricWriter(workdir, tensorboard=False).write(model.step, result.metrics)

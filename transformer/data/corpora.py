@@ -82,7 +82,7 @@ def _numbers(config: Any, src: str, tgt: str) -> TextReader:
       raise DataError(f"data.{field}={config.data.get(field)!r}: {name} has the splits "
                       f"{', '.join(numbers.SPLITS)}; for slices read it through TFDS "
                       f"(--config.dataset=numbers_translate/{variant})")
-  files = numbers.write_corpus(data_dir_of(config), variant)
+  files = numbers.write_corpus(data_dir_of(config), variant, (src, tgt))
   splits = {split: SplitFiles(files[split][src], files[split][tgt], ("dataset='numbers'",) * 2)
             for split in SPLIT_FIELDS}
   return TextReader(splits, src, tgt, corpus=name)

@@ -34,13 +34,14 @@ False), `packed_source_len` and `packed_target_len` (when packing).
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 from absl import logging
 
-from transformer.data import bucketing, corpora, token_cache, vocabulary
+from transformer.data import bucketing, corpora, mixture, token_cache, vocabulary
 from transformer.data.batch_rows import padded_rows, process_rows
 from transformer.data.bucketing import TrainBatches
 from transformer.data.corpora import Reader
@@ -54,8 +55,11 @@ SPLITS = ("train", "validation", "test")
 Batch = dict[str, np.ndarray]
 
 
-def open_reader(config: Any) -> Reader:
-  """The corpus of `config.dataset`, checked before any work (see `corpora.open_corpus`)."""
+def open_reader(config: Any) -> Reader | mixture.MixtureReader:
+  """The corpus of `config.dataset`, or the corpora of a mixture (`mixture.open_mixture`),
+  checked before any work (see `corpora.open_corpus`)."""
+  if mixture.is_mixture(config):
+    return mixture.open_mixture(config)
   return corpora.open_corpus(config)
 
 
@@ -159,21 +163,49 @@ class Pipeline:
   buckets: list[int]
   eval: dict[str, list[Batch]]  # 'validation' and 'test' batches (this process's rows).
   references: dict[str, list[tuple[str, str]]]  # 'validation' and 'test' (source, target).
+  # corpus name -> the id of its tag, for a mixture's tagged corpora (transformer/data/mixture.py).
+  tag_ids: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
-def evaluation_data(config: Any, reader: Reader, tokenizer: Tokenizer, batch_multiple: int,
-                    *, process_index: int = 0, process_count: int = 1,
+def evaluation_data(config: Any, reader: Reader | mixture.MixtureReader, tokenizer: Tokenizer,
+                    batch_multiple: int, *, process_index: int = 0, process_count: int = 1,
                     buckets: Sequence[int] | None = None,
                     ) -> tuple[dict[str, list[Batch]], dict[str, list[tuple[str, str]]]]:
-  """Batches (this process's rows) and reference pairs of 'validation' and 'test'."""
+  """Batches (this process's rows) and reference pairs of 'validation' and 'test', keyed by
+  `mixture.split_key`: the split's name for the main corpus, 'NAME/split' for a mixture's
+  corpus NAME (its sources after its tag)."""
+  if isinstance(reader, mixture.MixtureReader):
+    sources = [(c.name, reader.readers[c.name]) for c in reader.corpora]
+    tags = mixture.tag_ids(tokenizer, reader.corpora)
+  else:
+    sources, tags = [(mixture.MAIN, reader)], {}
   evals, references = {}, {}
-  for name in ("validation", "test"):
-    references[name] = reader.read_pairs(name)
-    s, t = tokenize_pairs(tokenizer, references[name])
-    evals[name] = eval_batches(list(zip(s, t, strict=True)), config, batch_multiple,
-                               process_index=process_index, process_count=process_count,
-                               buckets=buckets)
+  for corpus, corpus_reader in sources:
+    for name in ("validation", "test"):
+      key = mixture.split_key(corpus, name)
+      references[key] = corpus_reader.read_pairs(name)
+      s, t = tokenize_pairs(tokenizer, references[key])
+      if corpus in tags:
+        s = [np.concatenate([np.array([tags[corpus]], np.int32), x]) for x in s]
+      evals[key] = eval_batches(list(zip(s, t, strict=True)), config, batch_multiple,
+                                process_index=process_index, process_count=process_count,
+                                buckets=buckets)
   return evals, references
+
+
+def training_split(config: Any, reader: Reader | mixture.MixtureReader, tokenizer: Tokenizer,
+                   workdir: str, *, builder: bool = True) -> TokenizedSplit:
+  """The tokenized training split: the corpus's token cache, or a mixture's split made from
+  its corpora's caches (`mixture.mixture_split`, kept beside them)."""
+  root = token_cache.cache_root(config, workdir)
+  if not isinstance(reader, mixture.MixtureReader):
+    return token_cache.load_or_build(reader, "train", tokenizer, root, builder=builder)
+  tags = mixture.tag_ids(tokenizer, reader.corpora)
+  parts = [(token_cache.load_or_build(reader.readers[c.name], "train", tokenizer, root,
+                                      builder=builder), c.weight, tags.get(c.name))
+           for c in reader.corpora]
+  mixture.log_composition(reader.corpora, parts)
+  return mixture.mixture_split(parts, int(config.seed), os.path.dirname(parts[0][0].directory))
 
 
 def build_pipeline(
@@ -192,9 +224,9 @@ def build_pipeline(
   """
   reader = reader or open_reader(config)
   builder = process_index == 0
-  tok = vocabulary.get_tokenizer(config, workdir, reader, builder=builder)
-  split = token_cache.load_or_build(reader, "train", tok, token_cache.cache_root(config, workdir),
-                                    builder=builder)
+  tok = vocabulary.get_tokenizer(config, workdir, reader, builder=builder,
+                                 tags=mixture.tags(config))
+  split = training_split(config, reader, tok, workdir, builder=builder)
   buckets = bucketing.resolve_buckets(config, split)
   if bucketing.explicit_buckets(config) is None:
     logging.info("bucket lengths derived from the training split: %s", buckets)
@@ -206,5 +238,7 @@ def build_pipeline(
   logging.info("training pairs: %s kept, %s longer than the limits; real tokens %.1f%% of the "
                "batches", f"{train.num_examples:,}", f"{train.num_dropped:,}",
                100 * train.real_token_fraction())
+  tag_ids = (mixture.tag_ids(tok, reader.corpora)
+             if isinstance(reader, mixture.MixtureReader) else {})
   return Pipeline(tokenizer=tok, train=train, buckets=buckets, eval=evals,
-                  references=references)
+                  references=references, tag_ids=tag_ids)

@@ -1,4 +1,5 @@
-"""The embedded corpus: English-to-German translation of numbers written as words.
+"""The embedded corpus: English-to-German (and English-to-French) translation of numbers
+written as words.
 
 A sentence is one to four numbers in 0..999,999 joined by "and then" ("und dann"), e.g.
 
@@ -13,6 +14,11 @@ The splits use disjoint numbers: every integer is assigned to exactly one split 
 hash (1 in 10 only in test, 1 in 10 only in validation), so test BLEU measures generalisation to
 numbers never seen in training. Generation is deterministic (fixed seeds); two builds give
 identical examples.
+
+French (`fr`, "trois cent quarante-sept et puis douze") is the same sentences' numbers in
+French words, for multilingual runs (one model, English to German and to French): its files
+are written when a config first asks for the language, beside the English and German ones,
+which stay as they were.
 
 `write_corpus` writes the three splits as line-aligned text files (one per language) into the
 data dir, once; `dataset='numbers'` reads them as any corpus of text files is read
@@ -37,12 +43,15 @@ from transformer import storage
 # The corpus's version: a change of what `generate` yields is a new version (a new directory,
 # so a data dir never mixes two).
 VERSION = "1.1.0"
-LANGUAGES = ("en", "de")
+LANGUAGES = ("en", "de", "fr")
+# The languages of the corpus's first version; others are written on demand (`write_corpus`).
+BASE_LANGUAGES = ("en", "de")
 SPLITS = ("train", "validation", "test")
 MAX_NUMBER = 999_999
 MAX_NUMBERS_PER_SENTENCE = 4
 EN_JOINER = " and then "
 DE_JOINER = " und dann "
+FR_JOINER = " et puis "
 # Hash bucket (mod 10) of the numbers reserved for each held-out split; the rest is train.
 # Numbers below ALWAYS_TRAIN are all in train: their words ("zero", "eleven", "forty") are
 # the atoms every other number is built from, so a held-out split can only test how they
@@ -131,6 +140,33 @@ def german(n: int) -> str:
   return head + "tausend" + (small[low] if low else "")
 
 
+def french(n: int) -> str:
+  """French words for 0 <= n <= 999,999, identical to `num2words(n, lang='fr')` (checked on
+  every seventh number from 1,000 and on a sample in the tests): thousands as 'mille' after
+  the count's words, whose plural 's' ('quatre-vingts', 'deux cents') French drops there."""
+  small = _small_words("fr")
+  high, low = divmod(n, 1000)
+  if high == 0:
+    return small[low]
+  if high == 1:
+    head = "mille"
+  else:
+    count = small[high]
+    if count.endswith(("quatre-vingts", "cents")):
+      count = count[:-1]
+    head = count + " mille"
+  return head + (" " + small[low] if low else "")
+
+
+WORDS = {"en": (english, EN_JOINER), "de": (german, DE_JOINER), "fr": (french, FR_JOINER)}
+
+
+def sentences(split: str, size: int, lang: str, seed: int = 0) -> list[str]:
+  """The `size` sentences of `split` in `lang`, in `generate`'s order."""
+  words, joiner = WORDS[lang]
+  return [joiner.join(map(words, group)) for group in sentence_numbers(split, size, seed)]
+
+
 def _draw_numbers(rng: np.random.Generator, count: int, split_id: int) -> np.ndarray:
   """`count` numbers of one split, biased to small ones: digit count uniform in 1..6."""
   out: list[np.ndarray] = []
@@ -197,8 +233,11 @@ def corpus_files(data_dir: str | None, variant: str = "default") -> dict[str, di
           for split in SPLITS}
 
 
-def write_corpus(data_dir: str | None, variant: str = "default") -> dict[str, dict[str, str]]:
-  """Writes the variant's splits as text files into `data_dir`, unless already there.
+def write_corpus(data_dir: str | None, variant: str = "default",
+                 languages: tuple[str, ...] = BASE_LANGUAGES) -> dict[str, dict[str, str]]:
+  """Writes the variant's splits as text files into `data_dir`, unless already there: English
+  and German always, another of `languages` (French) when asked for, its files complete once
+  `<corpus_dir>/COMPLETE.<lang>` exists.
 
   Needs no network; `data_dir=None` means `~/tensorflow_datasets` (the data dir TFDS corpora
   share). The files are complete once `<corpus_dir>/COMPLETE` exists, which is written last, so
@@ -212,23 +251,31 @@ def write_corpus(data_dir: str | None, variant: str = "default") -> dict[str, di
   if variant not in VARIANTS:
     raise ValueError(f"no numbers variant {variant!r}; variants: {', '.join(VARIANTS)}")
   files = corpus_files(data_dir, variant)
-  done = storage.as_path(corpus_dir(data_dir, variant)) / "COMPLETE"
+  _write_languages(data_dir, variant, files, BASE_LANGUAGES, "COMPLETE")
+  for lang in languages:
+    if lang not in BASE_LANGUAGES:
+      _write_languages(data_dir, variant, files, (lang,), f"COMPLETE.{lang}")
+  return files
+
+
+def _write_languages(data_dir: str | None, variant: str, files: dict[str, dict[str, str]],
+                     languages: tuple[str, ...], marker: str) -> None:
+  done = storage.as_path(corpus_dir(data_dir, variant)) / marker
   if done.exists():
-    return files
+    return
   root = expand_data_dir(data_dir)
   lock = (contextlib.nullcontext() if storage.is_remote(root)
           else storage.local_file_lock(os.path.join(root, "numbers.lock")))
   with lock:
     if done.exists():  # whoever held the lock before built it
-      return files
+      return
     sizes = VARIANTS[variant]
     for split in SPLITS:
-      generated = list(generate(split, sizes.size(split), sizes.seed))
-      pairs = [generated[i] for i in stored_order(split, len(generated))]
-      for i, lang in enumerate(LANGUAGES):
-        storage.write_atomic(files[split][lang], "".join(p[i] + "\n" for p in pairs))
+      order = stored_order(split, sizes.size(split))
+      for lang in languages:
+        generated = sentences(split, sizes.size(split), lang, sizes.seed)
+        storage.write_atomic(files[split][lang], "".join(generated[i] + "\n" for i in order))
     storage.write_atomic(done, VERSION + "\n")
-  return files
 
 
 def load_numbers(split: str, data_dir: str | None,
@@ -236,5 +283,5 @@ def load_numbers(split: str, data_dir: str | None,
   """One split as (english, german) pairs in file order, written first if needed."""
   files = write_corpus(data_dir, variant)[split]
   en, de = (storage.as_path(files[lang]).read_text(encoding="utf-8").splitlines()
-            for lang in LANGUAGES)
+            for lang in BASE_LANGUAGES)
   return list(zip(en, de, strict=True))

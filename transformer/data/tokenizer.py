@@ -71,6 +71,7 @@ class Tokenizer:
     max_sentence_length: int = 4192,
     num_threads: int | None = None,
     seed: int = 0,
+    user_defined_symbols: Sequence[str] = (),
   ) -> Tokenizer:
     """Trains a vocabulary on `texts` and writes `<model_prefix>.model` (and `.vocab`).
 
@@ -90,6 +91,8 @@ class Tokenizer:
       max_sentence_length: longer sentences (in bytes) are skipped by SentencePiece.
       num_threads: trainer threads (default: all CPUs).
       seed: SentencePiece's random seed (it also shuffles nothing: input order is kept).
+      user_defined_symbols: pieces that text is always cut at and never splits (a corpus's
+        tags, transformer/data/mixture.py); ids 3, 4, ... in this order.
 
     Returns:
       The trained tokenizer, loaded from the final file.
@@ -116,6 +119,8 @@ class Tokenizer:
           unk_id=UNK_ID,
           bos_id=-1,
           minloglevel=2,
+          **({"user_defined_symbols": list(user_defined_symbols)}
+             if user_defined_symbols else {}),
         )
       except RuntimeError as e:
         found = re.search(r"Vocabulary size too high .*<= (\d+)", str(e))
@@ -178,6 +183,31 @@ class Tokenizer:
   def id_to_piece(self, i: int) -> str:
     """The piece of id `i` (`<pad>`, `</s>`, `<unk>` for 0, 1, 2)."""
     return self._sp.id_to_piece(i)
+
+  def piece_id(self, piece: str) -> int:
+    """The id of `piece` (UNK_ID when the vocabulary lacks it)."""
+    return self._sp.piece_to_id(piece)
+
+  def piece_kind(self, piece: str) -> str | None:
+    """'user_defined' (a piece text is always cut at, e.g. a tag), 'control', 'unknown' or
+    'normal'; None when the vocabulary lacks `piece`."""
+    i = self._sp.piece_to_id(piece)
+    if i == UNK_ID and piece != self._sp.id_to_piece(UNK_ID):
+      return None
+    if self._sp.is_unknown(i):
+      return "unknown"
+    if self._sp.is_control(i):
+      return "control"
+    # SentencePiece's Python API has no test for USER_DEFINED: read the model's piece type.
+    return "user_defined" if i in self._user_defined() else "normal"
+
+  def _user_defined(self) -> frozenset[int]:
+    if not hasattr(self, "_user_ids"):
+      proto = sp_model.ModelProto()
+      proto.ParseFromString(self._sp.serialized_model_proto())
+      kind = sp_model.ModelProto.SentencePiece.USER_DEFINED
+      self._user_ids = frozenset(i for i, p in enumerate(proto.pieces) if p.type == kind)
+    return self._user_ids
 
   def encode(self, text: str, side: str = SOURCE) -> list[int]:
     """Ids of `text` followed by EOS (1); never contains 0. One model serves both `side`s."""

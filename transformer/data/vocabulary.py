@@ -7,7 +7,7 @@ or trains it; `stored_tokenizer` only loads. The paths are the workdir's (transf
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -17,6 +17,7 @@ from transformer import workdir as workdir_lib
 from transformer.data.corpora import Reader
 from transformer.data.errors import DataError
 from transformer.data.marian_tokenizer import MarianTokenizer
+from transformer.data.mixture import check_tags_absent
 from transformer.data.tokenizer import Tokenizer, VocabSizeError
 
 
@@ -53,8 +54,8 @@ def stored_tokenizer(workdir: str | os.PathLike) -> Tokenizer | MarianTokenizer 
 
 
 def get_tokenizer(config: Any, workdir: str, reader: Reader | None, *,
-                  builder: bool = True, wait_timeout: float = 4 * 3600
-                  ) -> Tokenizer | MarianTokenizer:
+                  builder: bool = True, wait_timeout: float = 4 * 3600,
+                  tags: Sequence[str] = ()) -> Tokenizer | MarianTokenizer:
   """Loads `<workdir>/vocab/spm.model`, or trains it on a sample of the training pairs; an
   imported OPUS-MT vocabulary (`Paths.marian_vocab`) is loaded instead where there is one.
 
@@ -69,6 +70,9 @@ def get_tokenizer(config: Any, workdir: str, reader: Reader | None, *,
   The vocabulary is keyed by the corpus: `<workdir>/vocab/corpus.sha256` holds the reader's
   fingerprint (the files' contents for a text corpus), and a stored vocabulary of another
   corpus (e.g. an edited file) is a `DataError`, never silently reused.
+
+  `tags` (the corpora's, transformer/data/mixture.py) become user-defined pieces of a new
+  vocabulary; a tag found in the sampled text is a `DataError`.
   """
   files = workdir_lib.paths(workdir)
   if (files.marian_vocab / "vocab.json").exists():
@@ -96,9 +100,12 @@ def get_tokenizer(config: Any, workdir: str, reader: Reader | None, *,
     if reader is None or reader.num_examples("train") == 0:
       raise DataError("cannot train a vocabulary: the training split is empty")
     texts = vocabulary_sample(reader, int(config.data.spm_train_sentences), config.seed)
+    if tags:  # checked before training: an error inside SentencePiece's reader would be lost
+      texts = list(texts)
+      check_tags_absent(texts, tags, "data.tag / data.corpora.NAME.tag")
     try:
       tok = Tokenizer.train(texts, os.fspath(path)[: -len(".model")], config.data.vocab_size,
-                            seed=config.seed)
+                            seed=config.seed, user_defined_symbols=tags)
     except VocabSizeError as e:
       raise DataError(
         f"config.data.vocab_size={config.data.vocab_size} is too large for the "

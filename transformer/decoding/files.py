@@ -45,7 +45,8 @@ import jax
 import numpy as np
 
 from transformer import storage
-from transformer.data.tokenizer import SOURCE, TARGET, truncate
+from transformer.data.mixture import SourceEncoder, tags
+from transformer.data.tokenizer import TARGET, truncate
 from transformer.decoding.translate import Hypothesis
 from transformer.errors import UserError
 from transformer.metrics import format_duration
@@ -318,6 +319,21 @@ def check_prefixes(path: str, tokenizer: Any, translator: Any, limit: int) -> No
                           "included (decode.max_extra_len, model.max_len)")
 
 
+def check_source_tags(path: str, encoder: SourceEncoder, tab_separated: bool) -> None:
+  """Before any work, for a model trained on tagged corpora: no line of `path` starts with a
+  tag the model never saw (UserError naming the first that does). With `tab_separated`, the
+  source is the text before the first tab."""
+  if not encoder.ids:
+    return
+  with open(path, "rb") as f:
+    for number, raw in enumerate(f, start=1):
+      line = _strip_newline(raw).decode("utf-8", errors="replace")
+      try:
+        encoder.split(line.partition("\t")[0] if tab_separated else line)
+      except UserError as e:
+        raise UserError(f"--input={path}: line {number}: {e}") from None
+
+
 @dataclasses.dataclass
 class CorpusRun:
   """What a corpus run needs of a restored model (`infer.Restored`) and the flags."""
@@ -369,10 +385,13 @@ def translate_corpus(run: CorpusRun, config: Any, nbest: int, output_format: str
   (a line without a tab has none)."""
   model = run.model
   tokenizer, translator = model.tokenizer, model.translator
+  encoder = SourceEncoder(tokenizer, tags(config), config.decode.get("tag", ""))
   limit = translator.max_len - translator.max_extra_len
   total = count_lines(run.input_path) if run.input_path else None
   if target_prefix and run.input_path:
     check_prefixes(run.input_path, tokenizer, translator, limit)
+  if run.input_path:
+    check_source_tags(run.input_path, encoder, target_prefix)
 
   def process_chunk(first: int, lines: list[str], progress: Progress) -> str:
     rows, sources, prefixes = [], [], []
@@ -382,7 +401,10 @@ def translate_corpus(run: CorpusRun, config: Any, nbest: int, output_format: str
         continue
       if target_prefix:
         prefixes.append(prefix_ids(tokenizer, prefix))
-      ids = tokenizer.encode(line.strip())
+      try:
+        ids = encoder.encode(line)
+      except UserError as e:
+        raise UserError(f"line {first + i + 1}: {e}") from None
       if len(ids) > limit:
         print(f"warning: line {first + i + 1} has {len(ids)} tokens; truncated to {limit}",
               file=sys.stderr)
@@ -418,14 +440,19 @@ def score_corpus(run: CorpusRun, config: Any, total: int) -> None:
   `total`: the input's lines, as `check_score_input` counted them before any work."""
   model = run.model
   tokenizer, translator = model.tokenizer, model.translator
+  encoder = SourceEncoder(tokenizer, tags(config), config.decode.get("tag", ""))
   limit = config.model.max_len
+  if run.input_path:
+    check_source_tags(run.input_path, encoder, True)
 
   def process_chunk(first: int, lines: list[str], progress: Progress) -> str:
     pairs = []
     for i, line in enumerate(lines):
       source, target = line.split("\t", 1)
-      sides = [tokenizer.encode(source.strip(), side=SOURCE),
-               tokenizer.encode(target.strip(), side=TARGET)]
+      try:
+        sides = [encoder.encode(source), tokenizer.encode(target.strip(), side=TARGET)]
+      except UserError as e:
+        raise UserError(f"line {first + i + 1}: {e}") from None
       if max(len(s) for s in sides) > limit:
         print(f"warning: line {first + i + 1} has a side longer than {limit} tokens; "
               "truncated", file=sys.stderr)

@@ -23,6 +23,7 @@ compared with itself has p = 1. Both tests are seeded (`seed`): a comparison is 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -164,3 +165,24 @@ def table(comparison: Comparison) -> str:
       cells.append(f" {r.score:.2f} | {r.mean:.2f} +- {r.ci:.2f} | {p[0]} | {p[1]} |")
     lines.append(f"| {name} |" + "".join(cells))
   return "\n".join(lines)
+
+
+def mcnemar(correct_a: Sequence[bool], correct_b: Sequence[bool]) -> dict[str, float | int]:
+  """McNemar's exact test of two classifiers answering the same examples (Dietterich 1998,
+  "Approximate Statistical Tests for Comparing Supervised Classification Learning
+  Algorithms"): under the null hypothesis each example that exactly one of them gets right
+  is a fair coin, so the two-sided p-value is 2 P(X <= min(b, c)) for X ~ Binomial(b + c,
+  1/2), capped at 1 (1 when they never disagree).
+
+  Returns {'a_only', 'b_only', 'p'}: the examples only a (only b) answers correctly, and p.
+  """
+  a, b = np.asarray(correct_a, bool), np.asarray(correct_b, bool)
+  if a.shape != b.shape or a.ndim != 1:
+    raise UserError(f"McNemar's test needs two equal-length answer vectors, got {a.shape} "
+                    f"and {b.shape}")
+  a_only, b_only = int(np.sum(a & ~b)), int(np.sum(~a & b))
+  n, k = a_only + b_only, min(a_only, b_only)
+  # Exact in integers: sum_{i <= k} C(n, i) / 2^n.
+  tail = sum(math.comb(n, i) for i in range(k + 1))
+  p = min(1.0, 2 * tail / 2**n)
+  return {"a_only": a_only, "b_only": b_only, "p": p}

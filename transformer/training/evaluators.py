@@ -10,7 +10,9 @@ Each entry of `config.evals` is one evaluator (big_vision's `config.evals` is th
 
 `type` picks the class in `TYPES`; `split` is `validation` or `test`; `prefix` names the
 metrics (`eval/loss`, `test/bleu`); `every_steps` is how often the loop runs it (0: only in the
-final evaluation, which runs every evaluator). A new metric is a new class in `TYPES` and an
+final evaluation, which runs every evaluator); `corpus` names the corpus of a mixture whose
+split it reads ('' or 'main': the main corpus; transformer/data/mixture.py), so that a
+multilingual run reports BLEU per direction. A new metric is a new class in `TYPES` and an
 entry in a config, not an edit of the loop: the class has `FIELDS` (its fields and their
 defaults), `names(spec)` (the metrics it reports) and `run(params, step, tag) -> Result`, and
 is built as `cls(name, spec, context)`.
@@ -29,6 +31,7 @@ import numpy as np
 from transformer import sharding as sharding_lib
 from transformer import storage
 from transformer import workdir as workdir_lib
+from transformer.data import mixture
 from transformer.decoding import bleu as bleu_lib
 from transformer.errors import ConfigError, show
 from transformer.metrics import summarize
@@ -52,6 +55,7 @@ class Context:
     references: split -> (source, target) text pairs.
     workdir: where translations are written (`translations/`).
     config: the run's config.
+    tag_ids: corpus name -> its tag's id, put in front of its sources.
     restore_members: ensemble members (`WORKDIR[@CHECKPOINT]`s) and the field that names them
       -> their restored models (`parameters.restore_members` on this run's mesh); for the
       translation evaluators' `ensemble` field.
@@ -65,6 +69,8 @@ class Context:
   workdir: str
   config: Any
   restore_members: Callable[[list[str], str], list[Any]] | None = None
+  # corpus name -> the id of its tag (a mixture's tagged corpora; input_pipeline.Pipeline).
+  tag_ids: dict[str, int] = dataclasses.field(default_factory=dict)
   _translators: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False)
 
   def translator(self, decode: Any) -> Any:
@@ -101,7 +107,7 @@ def evaluate_loss(layout: Any, params: Any, batches: list[dict[str, np.ndarray]]
 class LossEvaluator:
   """Teacher-forced loss, nll, perplexity and accuracy on a split: `{prefix}/loss`, ..."""
 
-  FIELDS = {"split": "validation", "prefix": "eval", "every_steps": 0}
+  FIELDS = {"split": "validation", "prefix": "eval", "every_steps": 0, "corpus": ""}
 
   def __init__(self, name: str, spec: Any, context: Context):
     self.name, self.spec, self.context = name, spec, context
@@ -114,8 +120,14 @@ class LossEvaluator:
   def run(self, params: Any, step: int, tag: str = "") -> Result:
     del step
     return Result(evaluate_loss(self.context.layout, params,
-                                self.context.batches[self.spec.split],
+                                self.context.batches[split_key(self.spec)],
                                 f"{tag}{self.spec.prefix}"))
+
+
+def split_key(spec: Any) -> str:
+  """The key of an evaluator's split in the context's batches and references: its `split`,
+  of its `corpus` ('': the main one; `mixture.split_key`)."""
+  return mixture.split_key(spec.get("corpus") or "", spec.split)
 
 
 def translations_path(workdir: str, split: str, step: int, tag: str = "") -> Any:
@@ -133,7 +145,8 @@ class TranslationEvaluator:
   averaged at every step; `infer.restore_ensemble`), e.g. in the final evaluation."""
 
   FIELDS = {"split": "validation", "prefix": "eval", "every_steps": 0, "sentences": 0,
-            "metrics": "bleu,chrf,ter", "beam_size": None, "alpha": None, "ensemble": ""}
+            "metrics": "bleu,chrf,ter", "beam_size": None, "alpha": None, "ensemble": "",
+            "corpus": ""}
 
   def __init__(self, name: str, spec: Any, context: Context):
     self.name, self.spec, self.context = name, spec, context
@@ -158,14 +171,18 @@ class TranslationEvaluator:
     return [f"{spec['prefix']}/{m}" for m in _metric_list(spec["metrics"])]
 
   def run(self, params: Any, step: int, tag: str = "") -> Result:
-    pairs = self.context.references[self.spec.split][: self.spec.sentences or None]
+    key = split_key(self.spec)
+    pairs = self.context.references[key][: self.spec.sentences or None]
     tokenizer = self.context.tokenizer
     if self.member_params:
       params = (params, *self.member_params)
-    hyps = [tokenizer.decode(ids) for ids in
-            self.translator.translate_ids(params, [tokenizer.encode(s) for s, _ in pairs])]
+    source_tag = self.context.tag_ids.get(self.spec.corpus or mixture.MAIN)
+    sources = [tokenizer.encode(s) for s, _ in pairs]
+    if source_tag is not None:
+      sources = [[source_tag, *ids] for ids in sources]
+    hyps = [tokenizer.decode(ids) for ids in self.translator.translate_ids(params, sources)]
     if jax.process_index() == 0:
-      path = translations_path(self.context.workdir, self.spec.split, step, tag)
+      path = translations_path(self.context.workdir, key.replace("/", "_"), step, tag)
       storage.write_atomic(path, "".join(h + "\n" for h in hyps))
     refs = [t for _, t in pairs]
     wanted = _metric_list(self.spec.metrics)
@@ -236,6 +253,9 @@ def check(evals: Any) -> None:
     split = spec.get("split", fields["split"])
     if not isinstance(split, str) or split not in SPLITS:
       raise ConfigError(f"{where}.split={show(split)}: must be one of {', '.join(SPLITS)}")
+    if not isinstance(spec.get("corpus", "") or "", str):
+      raise ConfigError(f"{where}.corpus={show(spec.get('corpus'))}: must be the name of one "
+                        "of the run's corpora ('' for the main one)")
     prefix = spec.get("prefix", fields["prefix"])
     if not isinstance(prefix, str) or not prefix or not all(
         c.isalnum() or c in "_-" for c in prefix):

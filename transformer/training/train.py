@@ -241,7 +241,7 @@ def _train_and_evaluate(config: Any, workdir: str, model_config: ModelConfig,
                                                 detokenize=data.tokenizer.decode),
       data.tokenizer, data.eval, data.references, workdir, config,
       restore_members=lambda specs, what: parameters.restore_members(
-        config, data.tokenizer, specs, mesh, what))
+        config, data.tokenizer, specs, mesh, what), tag_ids=data.tag_ids)
     evals = evaluators.build(evaluators.of_config(config), context)
     logging.info("Model: %s parameters; mesh %s; batch shapes %s",
                  f"{count_params(trainer.abstract_state.params):,}",

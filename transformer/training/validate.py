@@ -23,7 +23,7 @@ from ml_collections import config_dict
 from transformer import profiling
 from transformer import sharding as sharding_lib
 from transformer import workdir as workdir_lib
-from transformer.data import numbers
+from transformer.data import mixture, numbers
 from transformer.data.bucketing import BUCKET_MULTIPLE
 from transformer.data.plan_cache import AUTO
 from transformer.decoding import mbr
@@ -280,6 +280,9 @@ FIELDS: dict[str, Check] = {
   "data.numbers_variant": choice(tuple(numbers.VARIANTS), optional=True),
   "data.download": flag(optional=True),
   "data.cache_dir": directory("a directory for the token cache"),
+  # A mixture's main corpus (data.corpora.* is checked by mixture.corpora_of, entry by entry).
+  "data.weight": number(0, MAX_FLOAT32, lo_open=True, optional=True),
+  "data.tag": text(None, "a tag token such as '>>de<<', or '' for none", optional=True),
   # Vocabulary, lengths and batches.
   "data.vocab_size": integer(8, MAX_VOCAB),
   "data.spm_train_sentences": integer(1, MAX_COUNT),
@@ -335,6 +338,7 @@ FIELDS: dict[str, Check] = {
   "decode.top_p": number(0, 1, lo_open=True, optional=True),
   "decode.seed": integer(0, MAX_SEED, optional=True),
   "decode.suppress_padding": flag(optional=True),
+  "decode.tag": text(None, "one of the model's tags, or '' for none", optional=True),
   "decode.chunk_size": integer(1, MAX_TOKENS, optional=True),
   "decode.mbr_candidates": integer(2, MAX_COUNT, " (the candidates of decode.method='mbr')",
                                    optional=True),
@@ -402,6 +406,7 @@ def validate(config: Any, num_devices: int) -> ModelConfig:
   """Checks every field, then the fields against each other and the devices; returns the
   model config. Raises ConfigError (one line naming the field)."""
   check_fields(config, FIELDS)
+  _check_corpora(config)
   mc = model_config(config)
   _check_evaluation(config)
   train_row, eval_row = _check_lengths(config, mc)
@@ -413,10 +418,29 @@ def validate(config: Any, num_devices: int) -> ModelConfig:
   return mc
 
 
+def _check_corpora(config: Any) -> None:
+  """A mixture's corpora (transformer/data/mixture.py): their own data fields as the main
+  corpus's are checked, except that `heldout_pairs` may be 0 (no evaluation splits of its
+  own, e.g. for synthetic pairs)."""
+  for corpus in mixture.corpora_of(config)[1:]:
+    for name in mixture.DATA_FIELDS:
+      value = config.data.corpora[corpus.name].get(name)
+      if value is None:
+        continue
+      check = integer(0, MAX_COUNT) if name == "heldout_pairs" else FIELDS[f"data.{name}"]
+      check_field(f"{corpus.field}.{name}", check, value)
+
+
 def _check_evaluation(config: Any) -> None:
   """The evaluators, and the best checkpoint's metric against what they report."""
   evals = evaluators.of_config(config)
   evaluators.check(evals)
+  names = [c.name for c in mixture.corpora_of(config)]
+  for name, spec in evals.items():
+    corpus = spec.get("corpus", "") or ""
+    if corpus and corpus not in names:
+      raise ConfigError(f"evals.{name}.corpus={corpus!r}: the run has no such corpus; its "
+                        f"corpora: {', '.join(names)}")
   metric = config.get("best_checkpoint", {}).get("metric", "")
   periodic = evaluators.metric_names(evals, periodic_only=True)
   if metric and metric not in periodic:
