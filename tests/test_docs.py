@@ -214,6 +214,8 @@ def command_parser(module_name: str) -> Callable[[list[str]], list[str]]:
 WORKDIR_CONFIGS = {"runs/numbers": "configs/numbers.py", "runs/mine": "configs/text.py:en-de,small",
                    "runs/wmt-base": "configs/wmt.py:base",
                    "runs/numbers-es": "configs/numbers.py",
+                   "runs/reverse": "configs/text.py:de-en,small",
+                   "runs/multilingual": "configs/multilingual.py",
                    # an imported OPUS-MT model: its config has text.py's fields
                    "runs/opus-mt-en-de": "configs/text.py:en-de"}
 

@@ -247,3 +247,75 @@ def test_bad_corpus_files_name_the_corpus(tmp_path):
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("error: data.corpora.bt: ") and message in last, last
     assert not workdir.exists()
+
+
+# ----------------------------------------------------------------------------- the pipeline
+
+
+def backtranslation_config(tmp_path, tag="<BT>", weight=1.0):
+  """configs/backtranslation.py on small files: 300 real pairs, 900 synthetic ones."""
+  from configs import backtranslation
+
+  files = numbers.write_corpus(str(tmp_path / "tfds"), "tiny")
+  en = open(files["train"]["en"], encoding="utf-8").read().splitlines()
+  de = open(files["train"]["de"], encoding="utf-8").read().splitlines()
+  paths = {}
+  for name, lines in (("real.en", en[:300]), ("real.de", de[:300]), ("synth.en", en[300:1200]),
+                      ("synth.de", de[300:1200])):
+    paths[name] = tmp_path / name
+    if not paths[name].exists():
+      paths[name].write_text("".join(x + "\n" for x in lines), encoding="utf-8")
+  config = backtranslation.get_config("en-de,small")
+  config.data.train_files.en, config.data.train_files.de = str(paths["real.en"]), str(
+    paths["real.de"])
+  config.data.heldout_pairs = 50
+  config.data.corpora.synthetic.train_files.en = str(paths["synth.en"])
+  config.data.corpora.synthetic.train_files.de = str(paths["synth.de"])
+  config.data.corpora.synthetic.tag = tag
+  config.data.corpora.synthetic.weight = weight
+  config.data.vocab_size = config.model.vocab_size = 200
+  config.data.packing = False
+  config.data.bucket_lengths = [16, 32, 64]
+  config.data.cache_dir = str(tmp_path / "cache")
+  return config
+
+
+def test_tagged_backtranslation_pipeline_and_shared_caches(tmp_path):
+  """The synthetic sources (and only they) start with the tag in the training split; the
+  evaluation splits are the real corpus's; a second run listing the same corpora with another
+  weight reuses both token caches and only composes a new mixture."""
+  from transformer.data import input_pipeline as ip
+
+  config = backtranslation_config(tmp_path)
+  pipe = ip.build_pipeline(config, str(tmp_path / "w1"), batch_multiple=1)
+  tag = pipe.tokenizer.piece_id("<BT>")
+  assert pipe.tag_ids == {"synthetic": tag}
+  split = pipe.train.split
+  first = np.asarray(split.source)[np.asarray(split.source_offsets[:-1])]
+  assert len(split) == 200 + 900  # 300 real minus 2 x 50 held out, and the synthetic pairs
+  assert (first[:200] != tag).all() and (first[200:] == tag).all()
+  text = pipe.tokenizer.decode(split.source[split.source_offsets[200]:split.source_offsets[201]])
+  assert text.startswith("<BT> ") and "<BT>" not in text[4:]
+  assert sorted(pipe.references) == ["synthetic/test", "synthetic/validation", "test",
+                                     "validation"]
+  assert len(pipe.references["validation"]) == 50 and pipe.references["synthetic/test"] == []
+  caches = sorted(p.name for p in (tmp_path / "cache").iterdir() if p.name.startswith("train-")
+                  and not p.name.endswith(".lock"))
+  assert len(caches) == 2
+  # Another run, the real pairs upsampled: the same vocabulary (the same sample), so the same
+  # token caches; a new mixture of 2 x 200 + 900 pairs.
+  import shutil
+
+  shutil.copytree(tmp_path / "w1" / "vocab", tmp_path / "w2" / "vocab")
+  config.data.weight = 2.0
+  again = ip.build_pipeline(config, str(tmp_path / "w2"), batch_multiple=1)
+  assert len(again.train.split) == 2 * 200 + 900
+  assert caches == sorted(p.name for p in (tmp_path / "cache").iterdir()
+                          if p.name.startswith("train-") and not p.name.endswith(".lock"))
+  assert len([p for p in (tmp_path / "cache").iterdir() if p.name.startswith("mixture-")
+              and not p.name.endswith(".lock")]) == 2
+  # The same batches for the same (seed, step), from a fresh start on the written caches.
+  third = ip.build_pipeline(config, str(tmp_path / "w2"), batch_multiple=1)
+  for step in (0, 7, 31):
+    for key in ("inputs", "targets"):
+      np.testing.assert_array_equal(again.train.batch(step)[key], third.train.batch(step)[key])
