@@ -11,15 +11,24 @@ compiles.
   from the persistent cache.
 - `CompileCounter`: counts the XLA compiles (and persistent-cache hits) of this process while
   it is open, from JAX's monitoring events.
+- `Executables`: compiled programs kept whole (`jax.experimental.serialize_executable`) beside
+  the persistent cache, so that a later process loads a program without tracing it: JAX's own
+  cache needs the program traced and lowered to find its key, which for a beam search costs
+  about as much as the load. The key is everything the program depends on (`executable_key`),
+  the project's source code included.
 """
 
 from __future__ import annotations
 
 import collections
+import hashlib
+import json
 import os
+import pickle
+import platform
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -172,3 +181,141 @@ def compile_all(lowered: Mapping[str, Callable[[], Any]],
                lower_s, time.time() - start - lower_s, threads, "" if threads == 1 else "s",
                sum(loaded for *_, loaded in results))
   return {name: compiled for name, compiled, _, _ in results}
+
+
+EXECUTABLES_DIR = "executables"
+_COMPILE_LOCK = threading.Lock()
+
+
+def code_version() -> str:
+  """SHA-256 of the package's Python sources: a kept executable of other code is never used."""
+  global _CODE_VERSION
+  if _CODE_VERSION is None:
+    root = os.path.dirname(os.path.abspath(__file__))
+    h = hashlib.sha256()
+    for directory, dirs, names in sorted(os.walk(root)):
+      dirs.sort()
+      for name in sorted(n for n in names if n.endswith(".py")):
+        path = os.path.join(directory, name)
+        h.update(os.path.relpath(path, root).encode())
+        with open(path, "rb") as f:
+          h.update(f.read())
+    _CODE_VERSION = h.hexdigest()
+  return _CODE_VERSION
+
+
+_CODE_VERSION: str | None = None
+
+
+def _abstract(x: Any) -> str:
+  sharding = getattr(x, "sharding", None)
+  return f"{getattr(x, 'shape', ())}:{getattr(x, 'dtype', type(x).__name__)}:{sharding}"
+
+
+def executable_key(name: str, parts: Any, args: Sequence[Any]) -> str:
+  """A hash of everything a compiled program depends on: its name and `parts` (the settings it
+  was built from, as text), the arguments' shapes, dtypes and shardings, the devices, the
+  JAX and jaxlib versions, the backend, the host's CPU (XLA:CPU compiles for its features) and
+  the project's code."""
+  import jaxlib
+
+  devices = jax.devices()
+  flags = ""
+  if os.path.exists("/proc/cpuinfo"):
+    with open("/proc/cpuinfo") as f:
+      flags = next((line for line in f if line.startswith("flags")), "")
+  text = json.dumps({
+    "name": name, "parts": str(parts),
+    "args": [_abstract(x) for x in jax.tree.leaves(args)],
+    "tree": str(jax.tree.structure(args)),
+    "devices": [(d.id, d.platform, d.device_kind) for d in devices],
+    "backend": [devices[0].client.platform, devices[0].client.platform_version],
+    "versions": [jax.__version__, jaxlib.__version__], "machine": platform.machine(),
+    "cpu": hashlib.sha256(flags.encode()).hexdigest(), "code": code_version(),
+    "xla_flags": os.environ.get("XLA_FLAGS", ""),
+  }, sort_keys=True)
+  return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+class Executables:
+  """Compiled programs of this process by key, each loaded from `directory` when a former
+  process kept it there, else compiled (its lowering from the persistent cache if it is there)
+  and kept. `directory` None: compiled in memory only.
+
+  A kept program that cannot be read (another jaxlib wrote it, a damaged file) is compiled
+  again, with a warning; a program that cannot be written costs only the next start's time.
+  """
+
+  def __init__(self, directory: str | None):
+    self.directory = directory
+    self._programs: dict[str, Any] = {}
+    self._lock = threading.Lock()
+    self.loaded = 0
+    self.compiled = 0
+
+  @classmethod
+  def beside_persistent_cache(cls) -> Executables:
+    """Kept in `<persistent compilation cache>/executables` when that cache is in use."""
+    cache = jax.config.jax_compilation_cache_dir
+    return cls(os.path.join(cache, EXECUTABLES_DIR) if cache else None)
+
+  def get(self, name: str, parts: Any, jitted: Any, args: Sequence[Any]) -> Any:
+    """The compiled `jitted` for `args` (concrete arrays or `jax.ShapeDtypeStruct`s)."""
+    key = executable_key(name, parts, args)
+    with self._lock:
+      program = self._programs.get(key)
+    if program is not None:
+      return program
+    program = self._load(key)
+    if program is None:
+      if self.directory is None:
+        program = jitted.lower(*args).compile()
+      else:
+        # Compiled afresh: an executable that JAX loaded from its persistent cache serializes
+        # without its kernels (jaxlib 0.10 on CPU: "Function ... not found" when run after
+        # loading), so the kept copy must come from a real compile.
+        with _COMPILE_LOCK:
+          enabled = jax.config.jax_enable_compilation_cache
+          jax.config.update("jax_enable_compilation_cache", False)
+          try:
+            program = jitted.lower(*args).compile()
+          finally:
+            jax.config.update("jax_enable_compilation_cache", enabled)
+        self._keep(key, program)
+      self.compiled += 1
+    else:
+      self.loaded += 1
+      logging.info("loaded the compiled %s program %s from %s", name, key, self.directory)
+    with self._lock:
+      self._programs[key] = program
+    return program
+
+  def _path(self, key: str) -> str | None:
+    return None if self.directory is None else os.path.join(self.directory, f"{key}.pkl")
+
+  def _load(self, key: str) -> Any:
+    from jax.experimental import serialize_executable
+
+    path = self._path(key)
+    if path is None or not os.path.exists(path):
+      return None
+    try:
+      with open(path, "rb") as f:
+        blob, in_tree, out_tree = pickle.load(f)
+      return serialize_executable.deserialize_and_load(blob, in_tree, out_tree)
+    except Exception as e:  # noqa: BLE001 - any unreadable entry is compiled again
+      logging.warning("compiling again: the kept program %s cannot be loaded: %s", path, e)
+      return None
+
+  def _keep(self, key: str, program: Any) -> None:
+    from jax.experimental import serialize_executable
+
+    path = self._path(key)
+    if path is None:
+      return
+    try:
+      data = pickle.dumps(serialize_executable.serialize(program))
+      os.makedirs(self.directory, exist_ok=True)
+      storage.write_atomic(path, data)
+    except Exception as e:  # noqa: BLE001 - a program that cannot be kept is compiled next time
+      logging.warning("could not keep the compiled program in %s: %s", path, e)

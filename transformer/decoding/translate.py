@@ -17,8 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from transformer import compilation, storage
 from transformer import sharding as sharding_lib
-from transformer import storage
 from transformer.data.tokenizer import EOS_ID, PAD_ID, truncate
 from transformer.decoding import bleu as bleu_lib
 from transformer.decoding import mbr as mbr_lib
@@ -347,6 +347,8 @@ class Translator:
     self.bucket_lengths = sorted(bucket_lengths)
     self._param_shardings = param_shardings
     self._fns: dict[tuple, Any] = {}
+    # Compiled programs, kept for later processes beside the persistent compilation cache.
+    self._executables = compilation.Executables.beside_persistent_cache()
 
   def with_members(self, model_configs: Sequence[ModelConfig], param_shardings: Sequence[Any],
                    weights: Sequence[float] | None = None) -> Translator:
@@ -362,7 +364,14 @@ class Translator:
     out.weights = None if not weights else tuple(float(w) for w in weights)
     out.max_len = min(c.max_len for c in out.model_config)
     out._fns = {}
+    out._executables = compilation.Executables.beside_persistent_cache()
     return out
+
+  def _program(self, key: tuple, jitted: Any, args: Sequence[Any]) -> Any:
+    """The compiled `jitted` for `args`: from this process, from a former one
+    (`compilation.Executables`), or compiled now."""
+    parts = (key, self.model_config, self.search, self.weights)
+    return self._executables.get("translator", parts, jitted, args)
 
   def _decode_fn(self, nbest: int, src_len: int, max_len: int, prefixed: bool = False):
     key = ("decode", nbest, src_len, max_len, prefixed)
@@ -471,7 +480,8 @@ class Translator:
       args = [params, self._global(arr), self._global(ids)]
       if prefixes is not None:
         args.append(self._global(self._padded([prefixes[i] for i in idx], rows, max_len)))
-      out = self._decode_fn(nbest, src_len, max_len, prefixes is not None)(*args)
+      key = ("decode", nbest, src_len, max_len, prefixes is not None)
+      out = self._program(key, self._decode_fn(*key[1:]), args)(*args)
       seqs, scores, log_probs = (np.asarray(x) for x in jax.device_get(out))
       for row, i in enumerate(idx):
         results[i] = [Hypothesis(_until_eos(seqs[row, n]), float(scores[row, n]),
@@ -514,8 +524,9 @@ class Translator:
       rows = self.rows_per_batch(length)
       src = self._padded([pairs[i][0] for i in idx], rows, length)
       tgt = self._padded([pairs[i][1] for i in idx], rows, length)
+      args = (params, self._global(src), self._global(tgt))
       out = np.asarray(jax.device_get(
-        self._score_fn(length)(params, self._global(src), self._global(tgt))))
+        self._program(("score", length), self._score_fn(length), args)(*args)))
       for row, i in enumerate(idx):
         results[i] = float(out[row])
       if on_batch is not None:

@@ -139,11 +139,32 @@ def restore(layout: ModelLayout, selected: Selected, meta: dict[str, Any], *,
       params = checkpointer.restore_part(step, {key: layout.abstract_params})[key]
       if len(selected.steps) == 1:
         return params
-      params = jax.tree.map(lambda x: x.astype(jnp.float32), params)
-      total = params if total is None else jax.tree.map(jnp.add, total, params)
-    return jax.tree.map(lambda x: x / np.float32(len(selected.steps)), total)
+      total = _to_float32(params) if total is None else _add_float32(total, params)
+    return _divide(total, np.float32(len(selected.steps)))
   finally:
     checkpointer.close()
+
+
+# Whole parameter trees in one program each (leaf by leaf, eager operations cost a dispatch, and
+# a compile, per leaf: most of a small model's restore).
+@jax.jit
+def _to_float32(params: Any) -> Any:
+  return jax.tree.map(lambda x: x.astype(jnp.float32), params)
+
+
+@jax.jit
+def _add_float32(total: Any, params: Any) -> Any:
+  return jax.tree.map(lambda t, x: t + x.astype(jnp.float32), total, params)
+
+
+@jax.jit
+def _divide(total: Any, n: jax.Array) -> Any:
+  return jax.tree.map(lambda t: t / n, total)
+
+
+@jax.jit
+def _all_finite(params: Any) -> jax.Array:
+  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(params)]))
 
 
 def _restore_newest_usable(checkpointer: Checkpointer, newest: int, key: str,
@@ -159,7 +180,7 @@ def _restore_newest_usable(checkpointer: Checkpointer, newest: int, key: str,
     check(meta, path)
     try:
       params = checkpointer.restore_part(step, {key: layout.abstract_params})[key]
-      if all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(params)):
+      if bool(_all_finite(params)):
         return params
       logging.error("checkpoint %s has non-finite parameters; trying an older one", path)
     except Exception as e:  # noqa: BLE001 - damaged files show up as many error types
