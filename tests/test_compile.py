@@ -185,3 +185,42 @@ def test_batch_specs_match_the_batches_the_loop_sees(packing):
   specs = {shape_key(trainer.batch_spec(shape)) for shape in batches.shapes()}
   seen = {shape_key(batches.batch(i)) for i in range(batches.steps_per_epoch)}
   assert seen == specs and len(specs) == (1 if packing else len(BUCKETS))
+
+
+def test_executable_keys_follow_what_a_program_depends_on():
+  x = jnp.ones((4, 8))
+  key = compilation.executable_key("p", ("a", 1), [x])
+  assert key == compilation.executable_key("p", ("a", 1), [jnp.zeros((4, 8))])  # values don't
+  assert key != compilation.executable_key("p", ("a", 2), [x])
+  assert key != compilation.executable_key("q", ("a", 1), [x])
+  assert key != compilation.executable_key("p", ("a", 1), [jnp.ones((4, 9))])
+  assert key != compilation.executable_key("p", ("a", 1), [x.astype(jnp.bfloat16)])
+
+
+def test_kept_programs_load_in_a_new_process_with_the_same_outputs(tiny_trained, tmp_path):
+  """A translation keeps its compiled search programs beside the persistent cache; the next
+  process loads them instead of tracing and compiling, with the same outputs; a damaged kept
+  program is a warning and compiled again."""
+  from tests.test_train import run_main
+
+  workdir = tiny_trained[0]
+  cache = tmp_path / "jcc"
+  source = tmp_path / "in.txt"
+  source.write_text("three hundred and twelve\nseven\nforty thousand and one\n")
+
+  def translate(i):
+    out = tmp_path / f"out{i}.txt"
+    proc = run_main("--mode=translate", f"--workdir={workdir}", f"--input={source}",
+                    f"--output={out}", f"--config.compilation_cache_dir={cache}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out.read_text(), proc.stderr
+
+  first, log = translate(0)
+  kept = sorted((cache / compilation.EXECUTABLES_DIR).glob("*.pkl"))
+  assert kept and "loaded the compiled translator program" not in log
+  second, log = translate(1)
+  assert second == first and "loaded the compiled translator program" in log
+  for path in kept:
+    path.write_bytes(b"damaged")
+  third, log = translate(2)
+  assert third == first and "cannot be loaded" in log
