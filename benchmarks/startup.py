@@ -1,0 +1,181 @@
+"""Start-up and compiling of `--mode=translate`: where the seconds of one sentence and of a file
+go, from a cold and from a warm compilation cache, against CTranslate2's whole process.
+
+Each measurement is a fresh process, as a user's command is:
+
+- `whole`: `python -m transformer.main --mode=translate --workdir=W` on one sentence from
+  standard input, and on a file of `--lines` sentences (`--input`, `--output`), wall time of
+  the process;
+- `parts`: the same steps in a child process of this benchmark, timed one by one: importing the
+  modules translation needs, restoring the parameters (`infer.restore`), the first call of the
+  search (tracing and compiling its programs, or loading them: `compilation.Executables` and
+  the persistent cache), and the same call again (the search alone);
+- `ctranslate2`: a process that imports CTranslate2 and SentencePiece, loads the exported model
+  (`--mode=export --format=ctranslate2`) and translates the same input (`translate_file`, the
+  same beam, float32, the same threads).
+
+Cold: an empty compilation cache directory (`--config.compilation_cache_dir`); warm: the same
+directory again, as the user's next command finds it.
+
+    python -m benchmarks.startup --workdir=runs/numbers [--lines=20000]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SENTENCE = "three hundred and forty-seven and then twelve"
+
+
+def _timed(cmd: list[str], stdin: str | None = None) -> tuple[float, str]:
+  t0 = time.perf_counter()
+  proc = subprocess.run(cmd, cwd=REPO, input=stdin, capture_output=True, text=True)
+  seconds = time.perf_counter() - t0
+  if proc.returncode != 0:
+    raise RuntimeError(f"{' '.join(cmd[:4])} ... failed:\n{proc.stderr[-3000:]}")
+  return seconds, proc.stdout
+
+
+def whole(workdir: str, cache: str, input_path: str | None, output: str | None) -> float:
+  """Seconds of one `--mode=translate` process (one sentence from stdin when no input)."""
+  cmd = [sys.executable, "-m", "transformer.main", "--mode=translate", f"--workdir={workdir}",
+         f"--config.compilation_cache_dir={cache}"]
+  if input_path is None:
+    return _timed(cmd, SENTENCE + "\n")[0]
+  if os.path.exists(output):
+    os.remove(output)
+  return _timed([*cmd, f"--input={input_path}", f"--output={output}"])[0]
+
+
+def parts(workdir: str, cache: str, input_path: str | None) -> dict[str, float]:
+  """The steps of translation timed one by one in a child process (`probe`)."""
+  _, out = _timed([sys.executable, "-m", "benchmarks.startup", "--probe", workdir, cache,
+                   input_path or ""])
+  return json.loads(out.strip().splitlines()[-1])
+
+
+def probe(workdir: str, cache: str, input_path: str) -> None:
+  """In a fresh process: prints the JSON seconds of imports, restore, first and second search."""
+  t0 = time.perf_counter()
+  from transformer import infer
+  from transformer import workdir as workdir_lib
+  from transformer.data.mixture import SourceEncoder, tags
+
+  t1 = time.perf_counter()
+  config = workdir_lib.load(workdir)
+  with config.unlocked():
+    config.compilation_cache_dir = cache
+  model = infer.restore(config, workdir)
+  t2 = time.perf_counter()
+  lines = [SENTENCE] if not input_path else open(input_path).read().splitlines()
+  encoder = SourceEncoder(model.tokenizer, tags(config), config.decode.get("tag", ""))
+  sources = [encoder.encode(line) for line in lines]
+  model.translator.search_ids(model.params, sources)
+  t3 = time.perf_counter()
+  model.translator.search_ids(model.params, sources)
+  t4 = time.perf_counter()
+  print(json.dumps({"imports": t1 - t0, "restore": t2 - t1, "first search": t3 - t2,
+                    "search": t4 - t3,
+                    "programs": t3 - t2 - (t4 - t3)}))
+
+
+def ctranslate2_process(model_dir: str, input_path: str | None, beam: int, threads: int,
+                        max_len: int) -> float:
+  """Seconds of a process that loads CTranslate2 and the model and translates the input."""
+  from transformer.interop.export import SPM_NAME
+
+  spm = os.path.join(model_dir, SPM_NAME)
+  script = (
+    "import sys, ctranslate2, sentencepiece\n"
+    f"sp = sentencepiece.SentencePieceProcessor(model_file={spm!r})\n"
+    f"t = ctranslate2.Translator({model_dir!r}, device='cpu', compute_type='float32', "
+    f"inter_threads=1, intra_threads={threads})\n"
+    "kw = dict(beam_size=%d, max_decoding_length=%d, max_batch_size=64)\n" % (beam, max_len)
+    + ("lines = [sys.stdin.readline().strip()]\n"
+       "out = t.translate_batch([sp.encode(x, out_type=str) for x in lines], **kw)\n"
+       "print(sp.decode(out[0].hypotheses[0]))\n" if input_path is None else
+       f"t.translate_file({input_path!r}, {input_path + '.ct2'!r}, "
+       "source_tokenize_fn=lambda s: sp.encode(s.strip(), out_type=str), "
+       "target_detokenize_fn=lambda p: sp.decode(p), **kw)\n"))
+  return _timed([sys.executable, "-c", script], SENTENCE + "\n")[0]
+
+
+def run(workdir: str, lines: int, threads: int) -> dict[str, Any]:
+  from benchmarks.corpus_translation import write_numbers_input
+  from transformer import infer
+  from transformer import workdir as workdir_lib
+  from transformer.interop import export
+
+  scratch = tempfile.mkdtemp(prefix="startup-bench-")
+  corpus = os.path.join(scratch, "input.txt")
+  write_numbers_input(corpus, lines)
+  config = workdir_lib.load(workdir)
+  model = infer.restore(config, workdir)
+  ct2 = export.export_restored(model, os.path.join(scratch, "ct2"))
+  beam = model.translator.beam_size if model.translator.search.method == "beam" else 1
+  rows = []
+  for name, input_path in (("one sentence", None), (f"{lines:,} lines", corpus)):
+    cache = os.path.join(scratch, f"cache-{len(rows)}")
+    row = {"input": name}
+    for state in ("cold", "warm"):
+      row[f"whole {state}"] = whole(workdir, cache, input_path, os.path.join(scratch, "out"))
+    parts_cache = os.path.join(scratch, f"parts-{len(rows)}")
+    for state in ("cold", "warm"):
+      row[f"parts {state}"] = parts(workdir, parts_cache, input_path)
+    row["ctranslate2"] = ctranslate2_process(ct2, input_path, beam, threads, config.model.max_len)
+    rows.append(row)
+  return {"workdir": workdir, "parameters": model.label, "beam": beam, "lines": lines,
+          "threads": threads, "rows": rows}
+
+
+def report_lines(record: dict[str, Any]) -> list[str]:
+  head = ["| input | cache | whole process (s) | imports | restore | programs (trace + "
+          "compile, or load) | search | CTranslate2 process (s) | ours / CTranslate2 |",
+          "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+  for r in record["rows"]:
+    for state in ("cold", "warm"):
+      p = r[f"parts {state}"]
+      head.append(f"| {r['input']} | {state} | {r[f'whole {state}']:.2f} | {p['imports']:.2f} | "
+                  f"{p['restore']:.2f} | {p['programs']:.2f} | {p['search']:.2f} | "
+                  f"{r['ctranslate2']:.2f} | {r['ctranslate2'] / r[f'whole {state}']:.2f}x |")
+  return ["## Results\n",
+          f"Model: {record['workdir']} ({record['parameters']}), beam {record['beam']}; "
+          f"CTranslate2 float32, {record['threads']} threads. Seconds; the parts come from a "
+          "second process of each kind (its own cold or warm cache), so they add up to about, "
+          "not exactly, the whole process's time (which also reads the input, tokenizes and "
+          "writes). ours / CTranslate2 is the ratio of sentences per second of the whole "
+          "processes (above 1: ours is faster).\n",
+          "\n".join(head) + "\n"]
+
+
+if __name__ == "__main__":
+  if len(sys.argv) == 5 and sys.argv[1] == "--probe":
+    probe(*sys.argv[2:])
+    sys.exit(0)
+  from absl import app, flags
+
+  from measuring import report
+  from transformer.errors import flags_parser
+
+  _WORKDIR = flags.DEFINE_string("workdir", "runs/numbers", "A trained workdir.")
+  _LINES = flags.DEFINE_integer("lines", 20000, "Sentences of the file.")
+  _THREADS = flags.DEFINE_integer("threads", os.cpu_count() or 1, "CTranslate2's threads.")
+  _OUT = flags.DEFINE_string("out", "benchmarks/results/startup",
+                             "Report path without extension (.md and .json are written).")
+
+  def main(argv: list[str]) -> None:
+    del argv
+    record = run(_WORKDIR.value, _LINES.value, _THREADS.value)
+    report.write(_OUT.value, "Start-up and compiling of translation, against CTranslate2",
+                 __doc__.split("\n\n")[1], report.public_command(report.command_line()),
+                 report_lines(record), record)
+    print("\n".join(report_lines(record)))
+
+  app.run(main, flags_parser=flags_parser())
