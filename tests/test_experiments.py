@@ -417,3 +417,56 @@ def test_a_bad_flag_is_one_line_and_exit_2(args, names):
   lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
   assert proc.returncode == 2 and len(lines) == 1 and names in lines[0], proc.stderr[-2000:]
   assert "Traceback" not in proc.stderr
+
+
+# ----------------------------------------------------------------------------- data techniques
+
+
+def test_backtranslation_and_distillation_reports_from_records():
+  """The two data experiments' reports: every system's scores and p-values against the
+  baseline, the synthetic text's BLEU, the students' size and speed."""
+  from experiments import backtranslation, distillation
+  from transformer.decoding import significance
+
+  refs = ["eins zwei drei", "vier fünf", "sechs sieben acht neun", "zehn"] * 5
+  worse = [" ".join(r.split()[:-1]) or "x" for r in refs]
+
+  def compared(names):
+    systems = [(names[0], refs)] + [(n, worse) for n in names[1:]]
+    c = significance.compare(systems, refs, bootstrap_samples=20, randomization_trials=20)
+    return c.to_json(), significance.table(c)
+
+  c, table = compared(backtranslation.SYSTEMS)
+  record = {"real": 2000, "mono": 20000, "steps": 10, "vocab_size": 256,
+            "reverse_test_bleu": 50.0, "synthetic_bleu": {"beam": 40.0, "sample": 20.0},
+            "comparison": c, "table": table}
+  md = "\n".join(backtranslation.report_lines(record))
+  assert "| real pairs only | 100.00 |" in md and "baseline" in md
+  assert "beam 40.00, sampling 20.00" in md and "+ tagged back-translation" in md
+  c, table = compared(distillation.SYSTEMS)
+  record = {"pairs": 20000, "steps": 10, "vocab_size": 256, "comparison": c, "table": table,
+            "params": {distillation.SYSTEMS[0]: 25, distillation.SYSTEMS[1]: 25,
+                       distillation.SYSTEMS[2]: 100},
+            "sentences_per_s": dict.fromkeys(distillation.SYSTEMS, 10.0)}
+  md = "\n".join(distillation.report_lines(record))
+  assert "0.25 of the teacher's parameters" in md and "| teacher | 100 |" in md
+
+
+def test_commands_skip_finished_runs_and_kept_outputs(tmp_path):
+  """An interrupted experiment goes on where it stopped: a finished workdir (its final
+  metrics written) and an existing translation are not run again, but still recorded."""
+  from experiments.commands import Commands, final_metrics
+  from transformer.metrics import MetricWriter
+
+  workdir = str(tmp_path / "w")
+  assert final_metrics(workdir) is None
+  MetricWriter(workdir, tensorboard=False).write(5, {"test/bleu": 12.5})
+  output = tmp_path / "out.txt"
+  output.write_text("kept\n")
+  logs = []
+  commands = Commands(log=logs.append)
+  commands.train("a run", workdir, ["--config=configs/numbers.py:tiny"])
+  commands.translate("a translation", workdir, "in.txt", str(output))
+  assert final_metrics(workdir)["test/bleu"] == 12.5 and output.read_text() == "kept\n"
+  assert commands.seconds == {} and len(commands.lines) == 2
+  assert "--workdir=" in commands.lines[0] and "--mode=translate" in commands.lines[1]
