@@ -237,6 +237,24 @@ def executable_key(name: str, parts: Any, args: Sequence[Any]) -> str:
   return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
+def _compile_afresh(jitted: Any, args: Sequence[Any]) -> tuple[Any, bool]:
+  """`jitted` compiled for `args` with JAX's persistent cache off (JAX decides once per
+  process whether it uses the cache, so the decision is reset around the compile); returns the
+  program and whether it was really compiled, not loaded from that cache."""
+  from jax.experimental.compilation_cache import compilation_cache
+
+  with _COMPILE_LOCK, CompileCounter() as counter:
+    enabled = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    compilation_cache.reset_cache()
+    try:
+      program = jitted.lower(*args).compile()
+    finally:
+      jax.config.update("jax_enable_compilation_cache", enabled)
+      compilation_cache.reset_cache()
+    return program, counter.cache_hits == 0
+
+
 class Executables:
   """Compiled programs of this process by key, each loaded from `directory` when a former
   process kept it there, else compiled (its lowering from the persistent cache if it is there)
@@ -274,14 +292,9 @@ class Executables:
         # Compiled afresh: an executable that JAX loaded from its persistent cache serializes
         # without its kernels (jaxlib 0.10 on CPU: "Function ... not found" when run after
         # loading), so the kept copy must come from a real compile.
-        with _COMPILE_LOCK:
-          enabled = jax.config.jax_enable_compilation_cache
-          jax.config.update("jax_enable_compilation_cache", False)
-          try:
-            program = jitted.lower(*args).compile()
-          finally:
-            jax.config.update("jax_enable_compilation_cache", enabled)
-        self._keep(key, program)
+        program, fresh = _compile_afresh(jitted, args)
+        if fresh:
+          self._keep(key, program)
       self.compiled += 1
     else:
       self.loaded += 1
