@@ -319,3 +319,34 @@ def test_tagged_backtranslation_pipeline_and_shared_caches(tmp_path):
   for step in (0, 7, 31):
     for key in ("inputs", "targets"):
       np.testing.assert_array_equal(again.train.batch(step)[key], third.train.batch(step)[key])
+
+
+def test_a_tag_the_init_from_vocabulary_lacks_is_refused_before_any_write(tiny_trained,
+                                                                           tmp_path):
+  """Fine-tuning keeps the source's vocabulary: a tag that is not one of its pieces is one line
+  naming the tag's field, exit 2, and the new workdir is not created."""
+  workdir = tmp_path / "ft"
+  proc = run_main("--config=configs/multilingual.py:tiny", f"--workdir={workdir}",
+                  f"--config.init_from={tiny_trained[0]}")
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  last = proc.stderr.strip().splitlines()[-1]
+  assert "data.tag='>>de<<'" in last and "no such piece" in last, last
+  assert not workdir.exists()
+
+
+def test_mixture_split_packs_across_corpora():
+  """Packed rows take pairs of every corpus of a mixture, tags in front of the tagged ones."""
+  from transformer.data.packing import PackedBatches
+
+  a, b = split_of(200, 7, 0), split_of(200, 8, 1)
+  split = mixture.mixture_split([(a, 1.0, None), (b, 1.0, 5)], seed=0, directory=None)
+  config = numbers_config.get_config("tiny")
+  config.data.packing = True
+  config.data.packed_source_len = config.data.packed_target_len = 32
+  config.data.tokens_per_batch = 256
+  batches = PackedBatches(split, config)
+  firsts = set()
+  for step in range(batches.steps_per_epoch):
+    inputs = batches.batch(step)["inputs"]
+    firsts |= set(np.unique(inputs).tolist()) & {5, 7}
+  assert firsts == {5, 7}

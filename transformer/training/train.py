@@ -22,7 +22,7 @@ from absl import logging
 from transformer import compilation, hardware, storage
 from transformer import sharding as sharding_lib
 from transformer import workdir as workdir_lib
-from transformer.data import bucketing, input_pipeline
+from transformer.data import bucketing, input_pipeline, mixture, vocabulary
 from transformer.data.prefetch import Prefetcher
 from transformer.decoding.translate import Translator
 from transformer.errors import ConfigError
@@ -191,6 +191,9 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, Any]:
   model_config = validate(config, jax.device_count())
   reader = input_pipeline.open_reader(config)  # Checks the data before writing anything.
   source = finetune.check_source(config, model_config) if config.get("init_from") else None
+  if source is not None and mixture.is_mixture(config):
+    # The tags must be pieces of the vocabulary fine-tuning keeps: checked before any write.
+    mixture.tag_ids(vocabulary.stored_tokenizer(source.workdir), mixture.corpora_of(config))
   workdir = os.fspath(storage.check_writable(workdir))
   if jax.process_index() == 0:
     # The run's config, for every other mode (transformer/workdir.py).
