@@ -224,3 +224,54 @@ def test_kept_programs_load_in_a_new_process_with_the_same_outputs(tiny_trained,
     path.write_bytes(b"damaged")
   third, log = translate(2)
   assert third == first and "cannot be loaded" in log
+
+
+FALLBACK_SCRIPT = """
+import os, pickle, sys
+import jax, jax.numpy as jnp
+from jax.experimental import serialize_executable
+from transformer import compilation
+
+cache, step = sys.argv[1], sys.argv[2]
+compilation.use_persistent_cache(cache)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+f = jax.jit(lambda x, y: jnp.where(x > y, jnp.sin(x) @ y, 0.0).sum())
+# Over every device, as the translator's programs are (a program on part of them is not kept).
+every = jax.sharding.NamedSharding(jax.make_mesh((jax.device_count(),), ("d",)),
+                                   jax.sharding.PartitionSpec())
+args = (jax.device_put(jnp.ones((32, 32)), every), jax.device_put(jnp.full((32, 32), 0.5), every))
+store = compilation.Executables(os.path.join(cache, compilation.EXECUTABLES_DIR))
+if step == "seed":
+  print(float(f(*args)))  # compiled, and written to the persistent cache
+elif step == "plant":
+  # Loaded from the persistent cache: with jaxlib 0.10 on CPU such an executable serializes
+  # without its kernels. Kept under the store's key, as a damaged entry that still loads.
+  program = f.lower(*args).compile()
+  path = store._path(compilation.executable_key("t", 1, args))
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path, "wb") as fh:
+    pickle.dump(serialize_executable.serialize(program), fh)
+elif step == "part":
+  # A program on one device of several is compiled but not kept.
+  one = (jnp.ones((8, 8)), jnp.ones((8, 8)))
+  if jax.device_count() > 1:
+    store.run("one device", 1, f, one)
+    assert not os.path.exists(store._path(compilation.executable_key("one device", 1, one)))
+else:
+  print(float(store.run("t", 1, f, args)))
+"""
+
+
+def test_a_kept_program_that_fails_to_run_is_compiled_again(tmp_path):
+  cache = str(tmp_path / "jcc")
+  outputs = []
+  for step in ("seed", "plant", "run", "run", "part"):
+    proc = subprocess.run([sys.executable, "-c", FALLBACK_SCRIPT, cache, step], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    outputs.append((proc.stdout.strip(), proc.stderr))
+  expect = outputs[0][0]
+  assert outputs[2][0] == expect and outputs[3][0] == expect
+  # The planted program either ran (a jaxlib that serializes it whole) or was replaced.
+  if "failed to run" in outputs[2][1]:
+    assert "failed to run" not in outputs[3][1]

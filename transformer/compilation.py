@@ -270,6 +270,7 @@ class Executables:
     self._lock = threading.Lock()
     self.loaded = 0
     self.compiled = 0
+    self._from_disk: set[str] = set()  # keys of the programs loaded from `directory`
 
   @classmethod
   def beside_persistent_cache(cls) -> Executables:
@@ -298,10 +299,38 @@ class Executables:
       self.compiled += 1
     else:
       self.loaded += 1
+      self._from_disk.add(key)
       logging.info("loaded the compiled %s program %s from %s", name, key, self.directory)
     with self._lock:
       self._programs[key] = program
     return program
+
+  def run(self, name: str, parts: Any, jitted: Any, args: Sequence[Any]) -> Any:
+    """`get(...)(*args)`, finished (`jax.block_until_ready`). A kept program that fails to run
+    (a jaxlib whose executables do not survive serialization, a damaged file that still
+    loaded) is a warning: it is dropped, compiled afresh and run again."""
+    key = executable_key(name, parts, args)
+    loaded = self.loaded
+    program = self.get(name, parts, jitted, args)
+    try:
+      return jax.block_until_ready(program(*args))
+    except jax.errors.JaxRuntimeError as e:
+      if self.loaded == loaded and key not in self._from_disk:
+        raise
+      logging.warning("compiling again: the kept program %s failed to run: %s", key,
+                      str(e).splitlines()[0])
+      path = self._path(key)
+      if path is not None and os.path.exists(path):
+        os.remove(path)
+      with self._lock:
+        self._programs.pop(key, None)
+        self._from_disk.discard(key)
+      program, fresh = _compile_afresh(jitted, args)
+      if fresh:
+        self._keep(key, program)
+      with self._lock:
+        self._programs[key] = program
+      return jax.block_until_ready(program(*args))
 
   def _path(self, key: str) -> str | None:
     return None if self.directory is None else os.path.join(self.directory, f"{key}.pkl")
@@ -325,6 +354,11 @@ class Executables:
 
     path = self._path(key)
     if path is None:
+      return
+    # A program on part of the devices comes back from serialization expecting all of them
+    # (jaxlib 0.10): only programs over every device are kept.
+    shardings = jax.tree.leaves(program.input_shardings)
+    if any(len(s.device_set) != jax.device_count() for s in shardings):
       return
     try:
       data = pickle.dumps(serialize_executable.serialize(program))

@@ -367,11 +367,11 @@ class Translator:
     out._executables = compilation.Executables.beside_persistent_cache()
     return out
 
-  def _program(self, key: tuple, jitted: Any, args: Sequence[Any]) -> Any:
-    """The compiled `jitted` for `args`: from this process, from a former one
+  def _run(self, key: tuple, jitted: Any, args: Sequence[Any]) -> Any:
+    """`jitted(*args)` by its compiled program: from this process, from a former one
     (`compilation.Executables`), or compiled now."""
     parts = (key, self.model_config, self.search, self.weights)
-    return self._executables.get("translator", parts, jitted, args)
+    return self._executables.run("translator", parts, jitted, args)
 
   def _decode_fn(self, nbest: int, src_len: int, max_len: int, prefixed: bool = False):
     key = ("decode", nbest, src_len, max_len, prefixed)
@@ -481,7 +481,7 @@ class Translator:
       if prefixes is not None:
         args.append(self._global(self._padded([prefixes[i] for i in idx], rows, max_len)))
       key = ("decode", nbest, src_len, max_len, prefixes is not None)
-      out = self._program(key, self._decode_fn(*key[1:]), args)(*args)
+      out = self._run(key, self._decode_fn(*key[1:]), args)
       seqs, scores, log_probs = (np.asarray(x) for x in jax.device_get(out))
       for row, i in enumerate(idx):
         results[i] = [Hypothesis(_until_eos(seqs[row, n]), float(scores[row, n]),
@@ -526,7 +526,7 @@ class Translator:
       tgt = self._padded([pairs[i][1] for i in idx], rows, length)
       args = (params, self._global(src), self._global(tgt))
       out = np.asarray(jax.device_get(
-        self._program(("score", length), self._score_fn(length), args)(*args)))
+        self._run(("score", length), self._score_fn(length), args)))
       for row, i in enumerate(idx):
         results[i] = float(out[row])
       if on_batch is not None:
