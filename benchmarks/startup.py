@@ -15,9 +15,11 @@ Each measurement is a fresh process, as a user's command is:
   same beam, float32, the same threads).
 
 Cold: an empty compilation cache directory (`--config.compilation_cache_dir`); warm: the same
-directory again, as the user's next command finds it.
+directory again, as the user's next command finds it. With `--baseline=DIR`, another checkout
+of the project (an earlier commit in a `git worktree`) runs the same whole processes in the
+same run, for a before-and-after ratio.
 
-    python -m benchmarks.startup --workdir=runs/numbers [--lines=20000]
+    python -m benchmarks.startup --workdir=runs/numbers [--lines=20000] [--baseline=/tmp/old]
 """
 
 from __future__ import annotations
@@ -34,24 +36,26 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SENTENCE = "three hundred and forty-seven and then twelve"
 
 
-def _timed(cmd: list[str], stdin: str | None = None) -> tuple[float, str]:
+def _timed(cmd: list[str], stdin: str | None = None, repo: str = REPO) -> tuple[float, str]:
   t0 = time.perf_counter()
-  proc = subprocess.run(cmd, cwd=REPO, input=stdin, capture_output=True, text=True)
+  proc = subprocess.run(cmd, cwd=repo, input=stdin, capture_output=True, text=True)
   seconds = time.perf_counter() - t0
   if proc.returncode != 0:
     raise RuntimeError(f"{' '.join(cmd[:4])} ... failed:\n{proc.stderr[-3000:]}")
   return seconds, proc.stdout
 
 
-def whole(workdir: str, cache: str, input_path: str | None, output: str | None) -> float:
-  """Seconds of one `--mode=translate` process (one sentence from stdin when no input)."""
-  cmd = [sys.executable, "-m", "transformer.main", "--mode=translate", f"--workdir={workdir}",
-         f"--config.compilation_cache_dir={cache}"]
+def whole(workdir: str, cache: str, input_path: str | None, output: str | None,
+          repo: str = REPO) -> float:
+  """Seconds of one `--mode=translate` process (one sentence from stdin when no input) of the
+  checkout `repo`."""
+  cmd = [sys.executable, "-m", "transformer.main", "--mode=translate",
+         f"--workdir={os.path.abspath(workdir)}", f"--config.compilation_cache_dir={cache}"]
   if input_path is None:
-    return _timed(cmd, SENTENCE + "\n")[0]
+    return _timed(cmd, SENTENCE + "\n", repo)[0]
   if os.path.exists(output):
     os.remove(output)
-  return _timed([*cmd, f"--input={input_path}", f"--output={output}"])[0]
+  return _timed([*cmd, f"--input={input_path}", f"--output={output}"], repo=repo)[0]
 
 
 def parts(workdir: str, cache: str, input_path: str | None) -> dict[str, float]:
@@ -107,7 +111,7 @@ def ctranslate2_process(model_dir: str, input_path: str | None, beam: int, threa
   return _timed([sys.executable, "-c", script], SENTENCE + "\n")[0]
 
 
-def run(workdir: str, lines: int, threads: int) -> dict[str, Any]:
+def run(workdir: str, lines: int, threads: int, baseline: str | None = None) -> dict[str, Any]:
   from benchmarks.corpus_translation import write_numbers_input
   from transformer import infer
   from transformer import workdir as workdir_lib
@@ -126,13 +130,17 @@ def run(workdir: str, lines: int, threads: int) -> dict[str, Any]:
     row = {"input": name}
     for state in ("cold", "warm"):
       row[f"whole {state}"] = whole(workdir, cache, input_path, os.path.join(scratch, "out"))
+    if baseline:
+      for state in ("cold", "warm"):
+        row[f"baseline {state}"] = whole(workdir, cache + "-baseline", input_path,
+                                         os.path.join(scratch, "out"), repo=baseline)
     parts_cache = os.path.join(scratch, f"parts-{len(rows)}")
     for state in ("cold", "warm"):
       row[f"parts {state}"] = parts(workdir, parts_cache, input_path)
     row["ctranslate2"] = ctranslate2_process(ct2, input_path, beam, threads, config.model.max_len)
     rows.append(row)
   return {"workdir": workdir, "parameters": model.label, "beam": beam, "lines": lines,
-          "threads": threads, "rows": rows}
+          "threads": threads, "rows": rows, "baseline": baseline}
 
 
 def report_lines(record: dict[str, Any]) -> list[str]:
@@ -152,7 +160,22 @@ def report_lines(record: dict[str, Any]) -> list[str]:
           "not exactly, the whole process's time (which also reads the input, tokenizes and "
           "writes). ours / CTranslate2 is the ratio of sentences per second of the whole "
           "processes (above 1: ours is faster).\n",
-          "\n".join(head) + "\n"]
+          "\n".join(head) + "\n"] + baseline_lines(record)
+
+
+def baseline_lines(record: dict[str, Any]) -> list[str]:
+  """Before and after: the whole processes of the baseline checkout against this one's."""
+  if not record.get("baseline"):
+    return []
+  rows = ["| input | cache | baseline (s) | this checkout (s) | speed-up |",
+          "|---|---|---:|---:|---:|"]
+  for r in record["rows"]:
+    for state in ("cold", "warm"):
+      before, after = r[f"baseline {state}"], r[f"whole {state}"]
+      rows.append(f"| {r['input']} | {state} | {before:.2f} | {after:.2f} | "
+                  f"{before / after:.2f}x |")
+  return ["Against the baseline checkout (`--baseline`), the same whole processes in the same "
+          "run:\n", "\n".join(rows) + "\n"]
 
 
 if __name__ == "__main__":
@@ -167,12 +190,15 @@ if __name__ == "__main__":
   _WORKDIR = flags.DEFINE_string("workdir", "runs/numbers", "A trained workdir.")
   _LINES = flags.DEFINE_integer("lines", 20000, "Sentences of the file.")
   _THREADS = flags.DEFINE_integer("threads", os.cpu_count() or 1, "CTranslate2's threads.")
+  _BASELINE = flags.DEFINE_string("baseline", None, "Another checkout (e.g. a git worktree of "
+                                  "an earlier commit) timed the same way, for a before-and-after "
+                                  "ratio.")
   _OUT = flags.DEFINE_string("out", "benchmarks/results/startup",
                              "Report path without extension (.md and .json are written).")
 
   def main(argv: list[str]) -> None:
     del argv
-    record = run(_WORKDIR.value, _LINES.value, _THREADS.value)
+    record = run(_WORKDIR.value, _LINES.value, _THREADS.value, _BASELINE.value)
     report.write(_OUT.value, "Start-up and compiling of translation, against CTranslate2",
                  __doc__.split("\n\n")[1], report.public_command(report.command_line()),
                  report_lines(record), record)
