@@ -274,9 +274,12 @@ class Executables:
 
   @classmethod
   def beside_persistent_cache(cls) -> Executables:
-    """Kept in `<persistent compilation cache>/executables` when that cache is in use."""
+    """Kept in `<persistent compilation cache>/executables` when that cache is in use, in a
+    single-process run (the programs of several processes, over every host's devices, are
+    left to JAX's own cache)."""
     cache = jax.config.jax_compilation_cache_dir
-    return cls(os.path.join(cache, EXECUTABLES_DIR) if cache else None)
+    keep = cache and jax.process_count() == 1
+    return cls(os.path.join(cache, EXECUTABLES_DIR) if keep else None)
 
   def get(self, name: str, parts: Any, jitted: Any, args: Sequence[Any]) -> Any:
     """The compiled `jitted` for `args` (concrete arrays or `jax.ShapeDtypeStruct`s)."""
