@@ -30,8 +30,10 @@ from typing import Any
 from experiments.commands import (
   Commands,
   final_metrics,
+  numbers_files,
   numbers_split,
   test_translations,
+  text_args,
   write_lines,
 )
 
@@ -39,33 +41,17 @@ SYSTEMS = ("real pairs only", "+ back-translation (beam)", "+ back-translation (
            "+ tagged back-translation (beam, <BT>)")
 
 
-def text_args(config: str, src: str, tgt: str, files: dict[str, str], steps: int,
-              vocab_size: int) -> list[str]:
-  """The flags of a configs/text.py-style run on the experiment's files."""
-  return [f"--config={config}",
-          f"--config.data.train_files.{src}={files['train.' + src]}",
-          f"--config.data.train_files.{tgt}={files['train.' + tgt]}",
-          f"--config.data.eval_files.{src}={files['valid.' + src]}",
-          f"--config.data.eval_files.{tgt}={files['valid.' + tgt]}",
-          f"--config.data.test_files.{src}={files['test.' + src]}",
-          f"--config.data.test_files.{tgt}={files['test.' + tgt]}",
-          f"--config.data.vocab_size={vocab_size}", f"--config.num_train_steps={steps}"]
-
-
 def run(root: str, real: int, mono: int, steps: int, vocab_size: int, samples: int,
         trials: int, commands: Commands) -> dict[str, Any]:
   from transformer.decoding import significance
   from transformer.decoding.bleu import corpus_scores
 
-  train, valid, test = (numbers_split(s) for s in ("train", "validation", "test"))
+  splits = {s: numbers_split(s) for s in ("train", "validation", "test")}
+  train, test = splits["train"], splits["test"]
   if real + mono > len(train["en"]):
     raise ValueError(f"--real + --mono = {real + mono} > the {len(train['en'])} training pairs")
   data = os.path.join(root, "data")
-  files = {f"train.{lang}": write_lines(os.path.join(data, f"real.{lang}"), train[lang][:real])
-           for lang in ("en", "de")}
-  for name, split in (("valid", valid), ("test", test)):
-    for lang in ("en", "de"):
-      files[f"{name}.{lang}"] = write_lines(os.path.join(data, f"{name}.{lang}"), split[lang])
+  files = numbers_files(data, splits, "real", real)
   mono_de = write_lines(os.path.join(data, "mono.de"), train["de"][real:real + mono])
 
   reverse = os.path.join(root, "reverse-de-en")
@@ -104,15 +90,14 @@ def run(root: str, real: int, mono: int, steps: int, vocab_size: int, samples: i
 
 
 def report_lines(record: dict[str, Any]) -> list[str]:
+  from transformer.decoding import significance
+
   c = record["comparison"]
   rows = ["| system | BLEU | chrF | TER | p vs real pairs only, BLEU (bootstrap / "
           "randomization) |", "|---|---:|---:|---:|---|"]
   for name in c["systems"]:
     r = c["results"][name]
-    p = ("baseline" if r["bleu"]["p_bootstrap"] is None else
-         f"{r['bleu']['p_bootstrap']:.4f} / {r['bleu']['p_randomization']:.4f}")
-    rows.append(f"| {name} | {r['bleu']['score']:.2f} | {r['chrf']['score']:.2f} | "
-                f"{r['ter']['score']:.2f} | {p} |")
+    rows.append("| " + " | ".join([name, *significance.summary_cells(r)]) + " |")
   sb = record["synthetic_bleu"]
   return ["## Results\n",
           f"{record['real']:,} real pairs, {record['mono']:,} monolingual German sentences, "

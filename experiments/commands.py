@@ -94,3 +94,30 @@ def numbers_split(split: str, languages: Sequence[str] = ("en", "de"),
   files = numbers.write_corpus(data_dir_of({}), variant, tuple(languages))
   return {lang: open(files[split][lang], encoding="utf-8").read().splitlines()
           for lang in languages}
+
+
+def numbers_files(data: str, splits: dict[str, dict[str, list[str]]], train_name: str,
+                  pairs: int) -> dict[str, str]:
+  """The experiment's corpus files in `data`: the first `pairs` training pairs as
+  `{train_name}.{en,de}`, and the validation and test splits whole as `valid.*` and `test.*`.
+  Returns 'train.en', 'valid.de', ... -> path (the keys `text_args` reads)."""
+  files = {f"train.{lang}": write_lines(os.path.join(data, f"{train_name}.{lang}"),
+                                        splits["train"][lang][:pairs]) for lang in ("en", "de")}
+  for name, split in (("valid", "validation"), ("test", "test")):
+    for lang in ("en", "de"):
+      files[f"{name}.{lang}"] = write_lines(os.path.join(data, f"{name}.{lang}"),
+                                            splits[split][lang])
+  return files
+
+
+def text_args(config: str, src: str, tgt: str, files: dict[str, str], steps: int,
+              vocab_size: int) -> list[str]:
+  """The flags of a configs/text.py-style run on `numbers_files`' files."""
+  return [f"--config={config}",
+          f"--config.data.train_files.{src}={files['train.' + src]}",
+          f"--config.data.train_files.{tgt}={files['train.' + tgt]}",
+          f"--config.data.eval_files.{src}={files['valid.' + src]}",
+          f"--config.data.eval_files.{tgt}={files['valid.' + tgt]}",
+          f"--config.data.test_files.{src}={files['test.' + src]}",
+          f"--config.data.test_files.{tgt}={files['test.' + tgt]}",
+          f"--config.data.vocab_size={vocab_size}", f"--config.num_train_steps={steps}"]

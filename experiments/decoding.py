@@ -101,15 +101,15 @@ def run(root: str, seeds: list[int], steps: int, sentences: int, samples: int, t
 
 
 def report_lines(record: dict[str, Any]) -> list[str]:
+  from transformer.decoding import significance
+
   c = record["comparison"]
   rows = ["| system | BLEU | chrF | TER | p vs baseline, BLEU (bootstrap / randomization) | "
           "decoding (s) |", "|---|---:|---:|---:|---|---:|"]
   for name in c["systems"]:
     r = c["results"][name]
-    p = ("baseline" if r["bleu"]["p_bootstrap"] is None else
-         f"{r['bleu']['p_bootstrap']:.4f} / {r['bleu']['p_randomization']:.4f}")
-    rows.append(f"| {name} | {r['bleu']['score']:.2f} | {r['chrf']['score']:.2f} | "
-                f"{r['ter']['score']:.2f} | {p} | {record['seconds'][name]:.1f} |")
+    cells = [name, *significance.summary_cells(r), f"{record['seconds'][name]:.1f}"]
+    rows.append("| " + " | ".join(cells) + " |")
   return ["## Results\n",
           f"{record['sentences']:,} test sentences of the numbers task; two runs of "
           f"`configs/numbers.py` with seeds {record['seeds']}, {record['steps']} steps each, "

@@ -26,13 +26,13 @@ import os
 import time
 from typing import Any
 
-from experiments.backtranslation import text_args
 from experiments.commands import (
   Commands,
   final_metrics,
+  numbers_files,
   numbers_split,
   test_translations,
-  write_lines,
+  text_args,
 )
 
 STUDENT = ["--config.model.d_model=64", "--config.model.d_ff=128"]
@@ -58,13 +58,10 @@ def run(root: str, pairs: int, steps: int, vocab_size: int, samples: int, trials
         commands: Commands) -> dict[str, Any]:
   from transformer.decoding import significance
 
-  train, valid, test = (numbers_split(s) for s in ("train", "validation", "test"))
+  splits = {s: numbers_split(s) for s in ("train", "validation", "test")}
+  test = splits["test"]
   data = os.path.join(root, "data")
-  files = {f"train.{lang}": write_lines(os.path.join(data, f"train.{lang}"), train[lang][:pairs])
-           for lang in ("en", "de")}
-  for name, split in (("valid", valid), ("test", test)):
-    for lang in ("en", "de"):
-      files[f"{name}.{lang}"] = write_lines(os.path.join(data, f"{name}.{lang}"), split[lang])
+  files = numbers_files(data, splits, "train", pairs)
   args = text_args("configs/text.py:en-de,small", "en", "de", files, steps, vocab_size)
   teacher = os.path.join(root, "teacher")
   commands.train("teacher", teacher, args)
@@ -90,17 +87,17 @@ def run(root: str, pairs: int, steps: int, vocab_size: int, samples: int, trials
 
 
 def report_lines(record: dict[str, Any]) -> list[str]:
+  from transformer.decoding import significance
+
   c = record["comparison"]
   rows = ["| model | parameters | BLEU | chrF | TER | p vs student on original targets, BLEU "
           "(bootstrap / randomization) | decoding (sentences/s) |",
           "|---|---:|---:|---:|---:|---|---:|"]
   for name in c["systems"]:
     r = c["results"][name]
-    p = ("baseline" if r["bleu"]["p_bootstrap"] is None else
-         f"{r['bleu']['p_bootstrap']:.4f} / {r['bleu']['p_randomization']:.4f}")
-    rows.append(f"| {name} | {record['params'][name]:,} | {r['bleu']['score']:.2f} | "
-                f"{r['chrf']['score']:.2f} | {r['ter']['score']:.2f} | {p} | "
-                f"{record['sentences_per_s'][name]:.1f} |")
+    cells = [name, f"{record['params'][name]:,}", *significance.summary_cells(r),
+             f"{record['sentences_per_s'][name]:.1f}"]
+    rows.append("| " + " | ".join(cells) + " |")
   ratio = record["params"][SYSTEMS[0]] / record["params"][SYSTEMS[2]]
   return ["## Results\n",
           f"{record['pairs']:,} training pairs, {record['steps']:,} training steps per model, "

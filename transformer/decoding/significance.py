@@ -150,6 +150,16 @@ def compare(systems: Sequence[tuple[str, Sequence[str]]], references: Sequence[s
                     randomization_trials, seed, n)
 
 
+def summary_cells(results: dict[str, Any]) -> list[str]:
+  """A system's cells of a short table, from its `Comparison.to_json()['results']` entry:
+  BLEU, chrF and TER with two decimals, and BLEU's p-values 'bootstrap / randomization'
+  ('baseline' for the baseline)."""
+  bleu = results["bleu"]
+  p = ("baseline" if bleu["p_bootstrap"] is None else
+       f"{bleu['p_bootstrap']:.4f} / {bleu['p_randomization']:.4f}")
+  return [f"{results[m]['score']:.2f}" for m in METRICS] + [p]
+
+
 def table(comparison: Comparison) -> str:
   """A markdown table: each metric's score, bootstrap mean +- 95% interval, and both
   p-values against the baseline (the first row)."""
