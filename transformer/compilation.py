@@ -21,6 +21,7 @@ compiles.
 from __future__ import annotations
 
 import collections
+import functools
 import hashlib
 import json
 import os
@@ -187,24 +188,18 @@ EXECUTABLES_DIR = "executables"
 _COMPILE_LOCK = threading.Lock()
 
 
+@functools.cache
 def code_version() -> str:
   """SHA-256 of the package's Python sources: a kept executable of other code is never used."""
-  global _CODE_VERSION
-  if _CODE_VERSION is None:
-    root = os.path.dirname(os.path.abspath(__file__))
-    h = hashlib.sha256()
-    for directory, dirs, names in sorted(os.walk(root)):
-      dirs.sort()
-      for name in sorted(n for n in names if n.endswith(".py")):
-        path = os.path.join(directory, name)
-        h.update(os.path.relpath(path, root).encode())
-        with open(path, "rb") as f:
-          h.update(f.read())
-    _CODE_VERSION = h.hexdigest()
-  return _CODE_VERSION
-
-
-_CODE_VERSION: str | None = None
+  root = os.path.dirname(os.path.abspath(__file__))
+  h = hashlib.sha256()
+  for directory, _, names in sorted(os.walk(root)):
+    for name in sorted(n for n in names if n.endswith(".py")):
+      path = os.path.join(directory, name)
+      h.update(os.path.relpath(path, root).encode())
+      with open(path, "rb") as f:
+        h.update(f.read())
+  return h.hexdigest()
 
 
 def _abstract(x: Any) -> str:
@@ -212,11 +207,11 @@ def _abstract(x: Any) -> str:
   return f"{getattr(x, 'shape', ())}:{getattr(x, 'dtype', type(x).__name__)}:{sharding}"
 
 
-def executable_key(name: str, parts: Any, args: Sequence[Any]) -> str:
-  """A hash of everything a compiled program depends on: its name and `parts` (the settings it
-  was built from, as text), the arguments' shapes, dtypes and shardings, the devices, the
-  JAX and jaxlib versions, the backend, the host's CPU (XLA:CPU compiles for its features) and
-  the project's code."""
+@functools.cache
+def _host_identity() -> str:
+  """What every kept program of this process depends on besides its own settings and
+  arguments: the devices, the backend, JAX and jaxlib, the CPU's flags, the code, XLA's flags
+  (computed once: programs are looked up at every batch)."""
   import jaxlib
 
   devices = jax.devices()
@@ -224,15 +219,24 @@ def executable_key(name: str, parts: Any, args: Sequence[Any]) -> str:
   if os.path.exists("/proc/cpuinfo"):
     with open("/proc/cpuinfo") as f:
       flags = next((line for line in f if line.startswith("flags")), "")
-  text = json.dumps({
-    "name": name, "parts": str(parts),
-    "args": [_abstract(x) for x in jax.tree.leaves(args)],
-    "tree": str(jax.tree.structure(args)),
+  return json.dumps({
     "devices": [(d.id, d.platform, d.device_kind) for d in devices],
     "backend": [devices[0].client.platform, devices[0].client.platform_version],
     "versions": [jax.__version__, jaxlib.__version__], "machine": platform.machine(),
     "cpu": hashlib.sha256(flags.encode()).hexdigest(), "code": code_version(),
     "xla_flags": os.environ.get("XLA_FLAGS", ""),
+  }, sort_keys=True)
+
+
+def executable_key(name: str, parts: Any, args: Sequence[Any]) -> str:
+  """A hash of everything a compiled program depends on: its name and `parts` (the settings it
+  was built from, as text), the arguments' shapes, dtypes and shardings, the devices, the
+  JAX and jaxlib versions, the backend, the host's CPU (XLA:CPU compiles for its features) and
+  the project's code."""
+  text = json.dumps({
+    "name": name, "parts": str(parts),
+    "args": [_abstract(x) for x in jax.tree.leaves(args)],
+    "tree": str(jax.tree.structure(args)), "host": _host_identity(),
   }, sort_keys=True)
   return hashlib.sha256(text.encode()).hexdigest()[:32]
 
@@ -283,7 +287,9 @@ class Executables:
 
   def get(self, name: str, parts: Any, jitted: Any, args: Sequence[Any]) -> Any:
     """The compiled `jitted` for `args` (concrete arrays or `jax.ShapeDtypeStruct`s)."""
-    key = executable_key(name, parts, args)
+    return self._get(executable_key(name, parts, args), name, jitted, args)
+
+  def _get(self, key: str, name: str, jitted: Any, args: Sequence[Any]) -> Any:
     with self._lock:
       program = self._programs.get(key)
     if program is not None:
@@ -313,12 +319,11 @@ class Executables:
     (a jaxlib whose executables do not survive serialization, a damaged file that still
     loaded) is a warning: it is dropped, compiled afresh and run again."""
     key = executable_key(name, parts, args)
-    loaded = self.loaded
-    program = self.get(name, parts, jitted, args)
+    program = self._get(key, name, jitted, args)
     try:
       return jax.block_until_ready(program(*args))
     except jax.errors.JaxRuntimeError as e:
-      if self.loaded == loaded and key not in self._from_disk:
+      if key not in self._from_disk:
         raise
       logging.warning("compiling again: the kept program %s failed to run: %s", key,
                       str(e).splitlines()[0])
