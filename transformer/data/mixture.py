@@ -291,14 +291,16 @@ def mixture_split(parts: Sequence[tuple[TokenizedSplit, float, int | None]], see
   parts and the seed) and memory-mapped; in memory when `directory` is None."""
   indices = compose(parts, seed)
   if directory is None:
-    src, tgt = [], []
-    for (split, _, tag), idx in zip(parts, indices, strict=True):
-      for i in idx.tolist():
-        s = np.asarray(split.source[split.source_offsets[i]:split.source_offsets[i + 1]])
-        src.append(([tag] if tag is not None else []) + s.tolist())
-        tgt.append(np.asarray(
-          split.target[split.target_offsets[i]:split.target_offsets[i + 1]]).tolist())
-    return TokenizedSplit.from_sequences(src, tgt)
+    flat: dict[str, list[np.ndarray]] = {"source": [], "target": []}
+    lengths: dict[str, list[np.ndarray]] = {"source": [], "target": []}
+    for side, ids, lens in _pieces(parts, indices, chunk):
+      flat[side].append(ids)
+      lengths[side].append(lens)
+    arrays = {}
+    for side in ("source", "target"):
+      arrays[side] = np.concatenate(flat[side]) if flat[side] else np.zeros(0, np.int32)
+      arrays[f"{side}_offsets"] = _offsets(lengths[side])
+    return TokenizedSplit(**arrays)
   key = hashlib.sha256(json.dumps(
     {"format": FORMAT, "seed": seed,
      "parts": [[os.path.basename(s.directory or ""), len(s), w, t] for s, w, t in parts]}
@@ -320,29 +322,43 @@ def mixture_split(parts: Sequence[tuple[TokenizedSplit, float, int | None]], see
   return map_split(final)
 
 
+def _pieces(parts: Sequence[tuple[TokenizedSplit, float, int | None]],
+            indices: Sequence[np.ndarray], chunk: int
+            ) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
+  """The mixture's ids in order, `chunk` examples at a time: (side, flat ids, lengths), the
+  source after its corpus's tag."""
+  dtype = np.result_type(*[p[0].source.dtype for p in parts])
+  for (split, _, tag), idx in zip(parts, indices, strict=True):
+    for lo in range(0, len(idx), chunk):
+      part = idx[lo:lo + chunk]
+      for side in ("source", "target"):
+        ids, lens = _gather(getattr(split, side), getattr(split, f"{side}_offsets"), part,
+                            tag if side == "source" else None, dtype)
+        yield side, ids, lens
+
+
+def _offsets(lengths: list[np.ndarray]) -> np.ndarray:
+  lens = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
+  offsets = np.zeros(len(lens) + 1, np.int64)
+  np.cumsum(lens, out=offsets[1:])
+  return offsets
+
+
 def _write(parts: Sequence[tuple[TokenizedSplit, float, int | None]],
            indices: Sequence[np.ndarray], directory: str, chunk: int) -> None:
   dtype = np.result_type(*[p[0].source.dtype for p in parts])
   lengths: dict[str, list[np.ndarray]] = {"source": [], "target": []}
   with open(os.path.join(directory, "source.bin"), "wb") as fs, \
        open(os.path.join(directory, "target.bin"), "wb") as ft:
-    for (split, _, tag), idx in zip(parts, indices, strict=True):
-      for lo in range(0, len(idx), chunk):
-        part = idx[lo:lo + chunk]
-        for side, f in (("source", fs), ("target", ft)):
-          flat, lens = _gather(getattr(split, side), getattr(split, f"{side}_offsets"), part,
-                               tag if side == "source" else None, dtype)
-          f.write(flat.tobytes())
-          lengths[side].append(lens)
-  n = 0
+    files = {"source": fs, "target": ft}
+    for side, ids, lens in _pieces(parts, indices, chunk):
+      files[side].write(ids.tobytes())
+      lengths[side].append(lens)
   for side in ("source", "target"):
-    lens = np.concatenate(lengths[side]) if lengths[side] else np.zeros(0, np.int64)
-    offsets = np.zeros(len(lens) + 1, np.int64)
-    np.cumsum(lens, out=offsets[1:])
-    np.save(os.path.join(directory, f"{side}_offsets.npy"), offsets)
-    n = len(lens)
+    np.save(os.path.join(directory, f"{side}_offsets.npy"), _offsets(lengths[side]))
   with open(os.path.join(directory, "meta.json"), "w") as f:
-    json.dump({"format": FORMAT, "dataset": "mixture", "split": "train", "num_examples": n,
+    json.dump({"format": FORMAT, "dataset": "mixture", "split": "train",
+               "num_examples": sum(len(x) for x in lengths["source"]),
                "dtype": np.dtype(dtype).name}, f)
 
 
@@ -360,14 +376,6 @@ def _gather(flat: np.ndarray, offsets: np.ndarray, examples: np.ndarray, tag: in
   col = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
   out[np.repeat(first + extra, lens) + col] = flat[np.repeat(starts, lens) + col]
   return out, out_lens
-
-
-def shares(config: Any, lengths: dict[str, int]) -> dict[str, float]:
-  """Each corpus's expected share of the training examples, w_c n_c / sum_k w_k n_k, from its
-  number of pairs `lengths[name]`."""
-  corpora_ = corpora_of(config)
-  total = sum(c.weight * lengths[c.name] for c in corpora_)
-  return {c.name: c.weight * lengths[c.name] / total for c in corpora_}
 
 
 def log_composition(corpora_: Sequence[Corpus], parts: Sequence[tuple[TokenizedSplit, float,
