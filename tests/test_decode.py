@@ -343,6 +343,50 @@ def test_loops_stop_early():
   assert seqs[:, 0, 0].tolist() == [EOS, EOS] and steps == 2
 
 
+@pytest.mark.parametrize("method", ["greedy", "beam", "beam_best", "sample", "prefix"])
+def test_a_shrinking_batch_gives_each_sentence_the_outputs_of_the_whole_batch(method):
+  """`stages` cut the stopped sentences out of the batch: every output (sequences, scores,
+  log probabilities) is the unshrunk search's, bitwise, with sentences of every length."""
+  batch, max_len = 8, 6
+  table = jnp.asarray(make_table(7, num_sentences=batch, max_len=max_len, eos_bias=0.3),
+                      jnp.float32)
+  sentences = jnp.arange(batch)
+  lengths = jnp.asarray([6, 2, 5, 1, 6, 3, 4, 6])
+  prefix = jnp.asarray(np.random.default_rng(0).integers(2, VOCAB, (batch, 2)), jnp.int32)
+  prefix_lengths = jnp.asarray([0, 1, 2, 0, 1, 0, 2, 1])
+  keys = jax.random.split(jax.random.key(5), batch)
+
+  def search(stages):
+    cache = init_cache(sentences, max_len)
+    options = dict(batch_size=batch, max_lengths=lengths, max_len=max_len, stages=stages)
+    if method == "greedy":
+      return search_lib.greedy_decode(toy_model(table), cache, **options)
+    if method == "sample":
+      return search_lib.sample_decode(toy_model(table), cache, rngs=keys, **options)
+    if method == "prefix":
+      options.update(prefix=prefix, prefix_lengths=prefix_lengths)
+    return search_lib.beam_search(toy_model(table), cache, beam_size=3, alpha=0.6,
+                                  num_hypotheses=1 if method == "beam_best" else None,
+                                  **options)
+
+  whole = jax.jit(lambda: search(()))()
+  for stages in [(4,), (4, 2), (6, 3, 1)]:
+    shrunk = jax.jit(lambda stages=stages: search(stages))()
+    for a, b in zip(shrunk, whole, strict=True):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_stages_must_shrink_the_batch():
+  table = jnp.asarray(make_table(0), jnp.float32)
+  for stages in [(3,), (2, 2), (1, 2), (0,)]:
+    with pytest.raises(ValueError, match="stages must decrease"):
+      search_lib.greedy_decode(toy_model(table), init_cache(jnp.arange(3), 4), batch_size=3,
+                               max_lengths=jnp.full((3,), 4), max_len=4, stages=stages)
+  assert search_lib.shrinking_stages(64, multiple=8, count=2) == (16,)
+  assert search_lib.shrinking_stages(64, count=2) == (16, 4)
+  assert search_lib.shrinking_stages(64, multiple=3) == ()
+
+
 def test_negative_alpha_is_rejected():
   with pytest.raises(ValueError, match="alpha"):
     run_beam(make_table(0), [0], [4], 4, beam_size=2, alpha=-0.5)

@@ -17,6 +17,7 @@ from transformer.nn.model import (
   ModelConfig,
   MultiHeadAttention,
   Transformer,
+  attention_windows,
   sinusoidal_positions,
   tied_logits,
 )
@@ -88,14 +89,17 @@ def test_parameter_counts_of_the_paper_models(variant, expected_millions):
 # Each positional encoding once, one with the scanned layer stack and one without.
 @pytest.mark.parametrize("positional,scan_layers", [("sinusoidal", False), ("learned", True)])
 def test_cached_decoding_equals_full_forward(scan_layers, positional):
+  """20 steps: past the first attention window (16 positions), so a step attends over a
+  window of the cache and later over the whole of it (`model.attention_windows`)."""
   cfg = dataclasses.replace(TINY, scan_layers=scan_layers, positional=positional)
   rng = np.random.default_rng(2)
+  length = 20
   src = _tokens(rng, (3, 6)).at[1, 4:].set(0)
-  tgt = _tokens(rng, (3, 7))
+  tgt = _tokens(rng, (3, length))
   variables = _init(cfg, src, tgt)
   full = jax.jit(Transformer(cfg).apply)(variables, src, tgt)
   encoded = Transformer(cfg).apply(variables, src, method=Transformer.encode)
-  cache = prefill_cache(cfg, variables["params"], encoded, src, init_cache(cfg, 3, 6, 7))
+  cache = prefill_cache(cfg, variables["params"], encoded, src, init_cache(cfg, 3, 6, length))
   tgt_in = jnp.pad(tgt, ((0, 0), (1, 0)))[:, :-1]
   step_model = Transformer(cfg, incremental=True)
 
@@ -108,10 +112,17 @@ def test_cached_decoding_equals_full_forward(scan_layers, positional):
     return logits, mutated["cache"]
 
   steps = []
-  for t in range(7):
+  for t in range(length):
     logits, cache = step(cache, tgt_in[:, t:t + 1])
     steps.append(logits)
   np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=2e-5)
+
+
+def test_attention_windows_double_up_to_the_cache_length():
+  assert attention_windows(20) == (16, 20)
+  assert attention_windows(74) == (16, 32, 64, 74)
+  assert attention_windows(64) == (16, 32, 64)
+  assert attention_windows(7) == (7,)
 
 
 @pytest.mark.parametrize("heads", [1, 2, 4, 8, 16, 32])

@@ -35,8 +35,18 @@ probability under the model, so a hypothesis's log probability is that of the wh
 sequence, prefix included. A prefix must leave room for the EOS (`prefix_lengths[b] <
 max_lengths[b]`).
 
-Both decoders are jit-compatible: pass `tokens_to_logits` through a closure (or as a static
-argument) and keep `max_len`, `beam_size`, `alpha`, `eos_id` and `banned_id` static.
+`stages` (static), if given, are the sentence counts a batch shrinks to: once no more than
+`stages[0]` sentences are still searching, the stopped ones leave the batch and the loop goes
+on over `stages[0]` sentences, and so on. A batch's last steps are then not spent on
+sentences that have stopped (sorted by source length, a batch's outputs still differ in
+length, and one long output keeps the loop going); each stage's loop is compiled apart. Every
+sentence's outputs are those of the unshrunk search, since a stopped sentence's results are
+frozen and no row's step depends on another row. With stages, `tokens_to_logits` must take
+everything it needs with a batch axis from the cache, which is cut with the batch, and close
+over nothing with one.
+
+All the decoders are jit-compatible: pass `tokens_to_logits` through a closure (or as a static
+argument) and keep `max_len`, `beam_size`, `alpha`, `eos_id`, `banned_id` and `stages` static.
 """
 
 from collections.abc import Callable
@@ -119,6 +129,63 @@ def gather_beams(tree: PyTree, beam_indices: jax.Array, reorder: PyTree | None =
   return jax.tree.map(lambda r, x: gather(x) if r else x, reorder, tree)
 
 
+def take_sentences(tree: PyTree, keep: jax.Array, batch_size: int) -> PyTree:
+  """Sentences `keep` int32[B'] of a batch of B = `batch_size`: every leaf [B * g, ...] (g rows
+  per sentence: 1, or the K beams) becomes [B' * g, ...]; scalar leaves are kept."""
+
+  def take(x):
+    if x.ndim == 0:
+      return x
+    group = x.shape[0] // batch_size
+    x = x.reshape((batch_size, group) + x.shape[1:])[keep]
+    return x.reshape((keep.shape[0] * group,) + x.shape[2:])
+
+  return jax.tree.map(take, tree)
+
+
+def shrinking_stages(batch_size: int, multiple: int = 1, factor: int = 4,
+                     count: int = 1) -> tuple[int, ...]:
+  """`stages` for a batch of `batch_size` sentences: up to `count` sizes, each 1/`factor` of
+  the one before, kept while they are multiples of `multiple` (the data-parallel size, so
+  every device keeps its share of rows)."""
+  out = []
+  size = batch_size
+  for _ in range(count):
+    size //= factor
+    if size < multiple or size % multiple:
+      break
+    out.append(size)
+  return tuple(out)
+
+
+def _staged_loop(cond: Callable[[PyTree, int], jax.Array], body: Callable[[PyTree], PyTree],
+                 state: PyTree, finalize: Callable[[PyTree], PyTree], stopped: str,
+                 stages: tuple[int, ...]) -> PyTree:
+  """`while_loop(cond, body, state)` over a batch that shrinks by `stages` (see the module
+  docstring); returns `finalize(state)` for the whole batch, each sentence's from the stage
+  where it stopped. `cond(state, m)` says whether the loop goes on while more than m sentences
+  are still searching; `state[stopped]` bool [b] marks the stopped ones; `state["step"]` is a
+  scalar, every other leaf is sentence-leading."""
+  batch_size = state[stopped].shape[0]
+  sizes = (batch_size, *stages)
+  if any(not 0 < b < a for a, b in zip(sizes, sizes[1:], strict=False)):
+    raise ValueError(f"stages must decrease within (0, {batch_size}), got {stages}")
+  results, where = None, None
+  for m in (*stages, 0):
+    state = jax.lax.while_loop(lambda s, m=m: cond(s, m), body, state)
+    out = finalize(state)
+    results = out if where is None else jax.tree.map(
+      lambda r, o, where=where: r.at[where].set(o), results, out)
+    if m == 0:
+      break
+    # The sentences still searching first (argsort of False < True is stable), then stopped
+    # ones to fill the stage: their results are frozen, so the same again.
+    keep = jnp.argsort(state[stopped], stable=True)[:m]
+    where = keep if where is None else where[keep]
+    state = take_sentences(state, keep, state[stopped].shape[0])
+  return results
+
+
 def _effective_max_lengths(max_lengths: jax.Array, batch_size: int, max_len: int) -> jax.Array:
   max_lengths = jnp.asarray(max_lengths, jnp.int32)
   if max_lengths.shape != (batch_size,):
@@ -139,6 +206,7 @@ def greedy_decode(
   normalize: bool = True,
   prefix: jax.Array | None = None,
   prefix_lengths: jax.Array | None = None,
+  stages: tuple[int, ...] = (),
 ) -> tuple[jax.Array, jax.Array]:
   """Greedy (argmax) decoding with an incremental cache.
 
@@ -151,63 +219,69 @@ def greedy_decode(
     max_len: static size of the output buffer.
     eos_id: the EOS token id.
     banned_id: a token id never chosen, or None.
-    normalize, prefix, prefix_lengths: see the module docstring.
+    normalize, prefix, prefix_lengths, stages: see the module docstring.
 
   Returns:
     sequences: int32[B, max_len]; each row ends with EOS (at index <= max_lengths[b] - 1) and
       is 0 after it. The loop stops as soon as every row has produced its EOS.
     log_probs: float32[B], the sum of the chosen tokens' log probabilities (EOS included).
   """
-  return _decode_loop(tokens_to_logits, cache, lambda logits, step: jnp.argmax(logits, -1),
+  return _decode_loop(tokens_to_logits, cache,
+                      lambda logits, step, rngs: jnp.argmax(logits, -1),
                       batch_size=batch_size, max_lengths=max_lengths, max_len=max_len,
                       eos_id=eos_id, banned_id=banned_id, normalize=normalize, prefix=prefix,
-                      prefix_lengths=prefix_lengths)
+                      prefix_lengths=prefix_lengths, stages=stages)
 
 
 def _decode_loop(tokens_to_logits: TokensToLogits, cache: PyTree,
-                 choose: Callable[[jax.Array, jax.Array], jax.Array], *, batch_size: int,
+                 choose: Callable[[jax.Array, jax.Array, PyTree], jax.Array], *, batch_size: int,
                  max_lengths: jax.Array, max_len: int, eos_id: int,
                  banned_id: int | None = None, normalize: bool = True,
-                 prefix: jax.Array | None = None, prefix_lengths: jax.Array | None = None
+                 prefix: jax.Array | None = None, prefix_lengths: jax.Array | None = None,
+                 rngs: jax.Array | None = None, stages: tuple[int, ...] = ()
                  ) -> tuple[jax.Array, jax.Array]:
-  """One token per row and step, `choose(logits [B, V], step) -> int [B]` (`banned_id`'s logit
-  set to -inf first), EOS forced at the row's length limit; returns the sequences
-  [B, max_len] and their log probabilities [B] (under the model's unrestricted logits)."""
-  max_lengths = _effective_max_lengths(max_lengths, batch_size, max_len)
+  """One token per row and step, `choose(logits [B, V], step, rngs [B] or None) -> int [B]`
+  (`banned_id`'s logit set to -inf first), EOS forced at the row's length limit; returns the
+  sequences [B, max_len] and their log probabilities [B] (under the model's unrestricted
+  logits)."""
+  # What a row needs besides its cache: cut with the batch when it shrinks (`stages`).
+  rows = {"max_lengths": _effective_max_lengths(max_lengths, batch_size, max_len),
+          "prefix": prefix, "prefix_lengths": prefix_lengths, "rngs": rngs}
 
-  def cond(state):
-    step, _, _, finished, _, _ = state
-    return (step < max_len) & ~jnp.all(finished)
+  def cond(state, running):
+    return (state["step"] < max_len) & (jnp.sum(~state["finished"]) > running)
 
   def body(state):
-    step, seqs, last, finished, total, cache = state
-    logits, cache = tokens_to_logits(last[:, None], cache)
+    step, finished, row = state["step"], state["finished"], state["rows"]
+    logits, cache = tokens_to_logits(state["last"][:, None], state["cache"])
     logits = logits.astype(jnp.float32)
     allowed = logits if banned_id is None else logits.at[:, banned_id].set(NEG_INF)
-    token = choose(allowed, step).astype(jnp.int32)
+    token = choose(allowed, step, row["rngs"]).astype(jnp.int32)
     if prefix is not None:
-      forced = prefix[:, jnp.minimum(step, prefix.shape[1] - 1)]
-      token = jnp.where(step < prefix_lengths, forced, token)
-    token = jnp.where(step + 1 >= max_lengths, eos_id, token)
+      forced = row["prefix"][:, jnp.minimum(step, prefix.shape[1] - 1)]
+      token = jnp.where(step < row["prefix_lengths"], forced, token)
+    token = jnp.where(step + 1 >= row["max_lengths"], eos_id, token)
     # Rows already finished emit padding; their model outputs are ignored.
     token = jnp.where(finished, 0, token)
     log_probs = jax.nn.log_softmax(logits, axis=-1) if normalize else logits
     chosen = jnp.take_along_axis(log_probs, token[:, None], axis=-1)[:, 0]
-    total = total + jnp.where(finished, 0.0, chosen)
-    seqs = jax.lax.dynamic_update_slice(seqs, token[:, None], (0, step))
-    finished = finished | (token == eos_id)
-    return step + 1, seqs, token, finished, total, cache
+    return {"step": step + 1,
+            "seqs": jax.lax.dynamic_update_slice(state["seqs"], token[:, None], (0, step)),
+            "last": token, "finished": finished | (token == eos_id),
+            "total": state["total"] + jnp.where(finished, 0.0, chosen), "cache": cache,
+            "rows": row}
 
-  state = (
-    jnp.array(0, jnp.int32),
-    jnp.zeros((batch_size, max_len), jnp.int32),
-    jnp.zeros((batch_size,), jnp.int32),
-    jnp.zeros((batch_size,), bool),
-    jnp.zeros((batch_size,), jnp.float32),
-    cache,
-  )
-  _, seqs, _, _, total, _ = jax.lax.while_loop(cond, body, state)
-  return seqs, total
+  state = {
+    "step": jnp.array(0, jnp.int32),
+    "seqs": jnp.zeros((batch_size, max_len), jnp.int32),
+    "last": jnp.zeros((batch_size,), jnp.int32),
+    "finished": jnp.zeros((batch_size,), bool),
+    "total": jnp.zeros((batch_size,), jnp.float32),
+    "cache": cache,
+    "rows": rows,
+  }
+  return _staged_loop(cond, body, state, lambda s: (s["seqs"], s["total"]), "finished",
+                      stages)
 
 
 def filter_logits(logits: jax.Array, *, temperature: float = 1.0, top_k: int = 0,
@@ -248,6 +322,7 @@ def sample_decode(
   normalize: bool = True,
   prefix: jax.Array | None = None,
   prefix_lengths: jax.Array | None = None,
+  stages: tuple[int, ...] = (),
 ) -> tuple[jax.Array, jax.Array]:
   """Ancestral sampling with an incremental cache: each token is drawn from the model's
   distribution given the tokens before it (`filter_logits` shapes that distribution).
@@ -257,8 +332,8 @@ def sample_decode(
     cache: the decoder cache for batch size B.
     rngs: a key per row, [B]; row b's draw at step t uses fold_in(rngs[b], t), so a row's
       output depends on its key alone, not on the batch it is in.
-    batch_size, max_lengths, max_len, eos_id, banned_id, normalize, prefix, prefix_lengths:
-      as for `greedy_decode`.
+    batch_size, max_lengths, max_len, eos_id, banned_id, normalize, prefix, prefix_lengths,
+      stages: as for `greedy_decode`.
     temperature, top_k, top_p: see `filter_logits` (static).
 
   Returns:
@@ -266,7 +341,7 @@ def sample_decode(
     drawn tokens' log probabilities under the model (temperature 1, unrestricted).
   """
 
-  def choose(logits, step):
+  def choose(logits, step, rngs):
     keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(rngs, step)
     values, ids = filter_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p)
     drawn = jax.vmap(jax.random.categorical)(keys, values)
@@ -277,7 +352,7 @@ def sample_decode(
   return _decode_loop(tokens_to_logits, cache, choose, batch_size=batch_size,
                       max_lengths=max_lengths, max_len=max_len, eos_id=eos_id,
                       banned_id=banned_id, normalize=normalize, prefix=prefix,
-                      prefix_lengths=prefix_lengths)
+                      prefix_lengths=prefix_lengths, rngs=rngs, stages=stages)
 
 
 def beam_search(
@@ -296,6 +371,7 @@ def beam_search(
   normalize: bool = True,
   prefix: jax.Array | None = None,
   prefix_lengths: jax.Array | None = None,
+  stages: tuple[int, ...] = (),
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Beam search with the GNMT length penalty and an incremental cache.
 
@@ -339,6 +415,7 @@ def beam_search(
     banned_id: a token id no hypothesis contains, or None.
     normalize, prefix, prefix_lengths: see the module docstring (prefix rows per sentence,
       [B, P] and [B]: every beam of a sentence starts with its prefix).
+    stages: see the module docstring (counts of sentences, each with its K beams).
 
   Returns:
     sequences: int32[B, K, max_len], best first, 0 after the EOS.
@@ -355,31 +432,34 @@ def beam_search(
   if not 1 <= n <= k:
     raise ValueError(f"num_hypotheses must be in [1, beam_size={k}], got {num_hypotheses}")
   max_lengths = _effective_max_lengths(max_lengths, batch_size, max_len)
-  best_possible_lp = length_penalty(max_lengths, alpha)  # [B]
+  # What a sentence needs besides its cache: cut with the batch when it shrinks (`stages`).
+  rows = {"max_lengths": max_lengths, "best_possible_lp": length_penalty(max_lengths, alpha),
+          "prefix": prefix, "prefix_lengths": prefix_lengths}
 
-  def cond(state):
-    return (state["step"] < max_len) & ~jnp.all(state["done"])
+  def cond(state, running):
+    return (state["step"] < max_len) & (jnp.sum(~state["done"]) > running)
 
   def body(state):
-    step, done = state["step"], state["done"]
+    step, done, row = state["step"], state["done"], state["rows"]
+    b = done.shape[0]  # the sentences of this stage
     logits, cache = tokens_to_logits(flatten_beams(state["live_last"])[:, None], state["cache"])
     logits = logits.astype(jnp.float32)
     log_probs = jax.nn.log_softmax(logits, axis=-1) if normalize else logits
-    log_probs = unflatten_beams(log_probs, batch_size)  # [B, K, V]
+    log_probs = unflatten_beams(log_probs, b)  # [b, K, V]
     vocab = log_probs.shape[-1]
     if banned_id is not None:
       log_probs = jnp.where(jnp.arange(vocab) == banned_id, NEG_INF, log_probs)
     if prefix is not None:
-      forced = prefix[:, jnp.minimum(step, prefix.shape[1] - 1)][:, None, None]  # [B, 1, 1]
-      in_prefix = (step < prefix_lengths)[:, None, None]
+      forced = row["prefix"][:, jnp.minimum(step, prefix.shape[1] - 1)][:, None, None]
+      in_prefix = (step < row["prefix_lengths"])[:, None, None]  # [b, 1, 1]
       log_probs = jnp.where(in_prefix & (jnp.arange(vocab) != forced), NEG_INF, log_probs)
-    forced = (step + 1 >= max_lengths)[:, None, None]
+    forced = (step + 1 >= row["max_lengths"])[:, None, None]
     log_probs = jnp.where(forced & (jnp.arange(vocab) != eos_id), NEG_INF, log_probs)
 
     # The new beam: top K of all K * V extensions by total log prob.
     ext = state["live_log_probs"][:, :, None] + log_probs
-    top_log_probs, top_flat = jax.lax.top_k(ext.reshape(batch_size, k * vocab), k)
-    parent = top_flat // vocab  # [B, K]
+    top_log_probs, top_flat = jax.lax.top_k(ext.reshape(b, k * vocab), k)
+    parent = top_flat // vocab  # [b, K]
     token = (top_flat % vocab).astype(jnp.int32)
     seqs = jnp.take_along_axis(state["live_seqs"], parent[:, :, None], axis=1)
     seqs = jax.lax.dynamic_update_slice(seqs, token[:, :, None], (0, 0, step))
@@ -410,12 +490,22 @@ def beam_search(
       "fin_scores": jnp.where(keep, state["fin_scores"], fin_scores),
       "fin_log_probs": jnp.where(keep, state["fin_log_probs"], fin_log_probs),
       "cache": cache,
+      "rows": row,
     }
-    best_live = jnp.max(new_state["live_log_probs"], axis=1) / best_possible_lp
+    best_live = jnp.max(new_state["live_log_probs"], axis=1) / row["best_possible_lp"]
     # fin_scores is sorted (top_k): its n-th entry is -inf until n have finished.
     nth_finished = new_state["fin_scores"][:, n - 1]
     new_state["done"] = done | (best_live <= nth_finished)
     return new_state
+
+  def finalize(state):
+    any_finished = jnp.any(state["fin_scores"] > NEG_INF, axis=1)[:, None]
+    live_scores = state["live_log_probs"] / length_penalty(state["step"], alpha)
+    sequences = jnp.where(any_finished[:, :, None], state["fin_seqs"], state["live_seqs"])
+    scores = jnp.where(any_finished, state["fin_scores"], live_scores)
+    log_probs = jnp.where(any_finished, state["fin_log_probs"], state["live_log_probs"])
+    sequences = jnp.where((scores > NEG_INF)[:, :, None], sequences, 0)
+    return sequences, scores, log_probs
 
   # Only beam 0 is live at the start, so the K identical initial beams do not yield K copies
   # of each extension.
@@ -430,13 +520,7 @@ def beam_search(
     "fin_log_probs": jnp.full((batch_size, k), NEG_INF, jnp.float32),
     "done": jnp.zeros((batch_size,), bool),
     "cache": tile_beams(cache, k),
+    "rows": rows,
   }
-  state = jax.lax.while_loop(cond, body, state)
-
-  any_finished = jnp.any(state["fin_scores"] > NEG_INF, axis=1)[:, None]
-  live_scores = state["live_log_probs"] / length_penalty(state["step"], alpha)
-  sequences = jnp.where(any_finished[:, :, None], state["fin_seqs"], state["live_seqs"])
-  scores = jnp.where(any_finished, state["fin_scores"], live_scores)
-  log_probs = jnp.where(any_finished, state["fin_log_probs"], state["live_log_probs"])
-  sequences = jnp.where((scores > NEG_INF)[:, :, None], sequences, 0)
+  sequences, scores, log_probs = _staged_loop(cond, body, state, finalize, "done", stages)
   return sequences, scores, log_probs

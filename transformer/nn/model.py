@@ -320,7 +320,27 @@ class MultiHeadAttention(nn.Module):
     own = jnp.arange(group)[None, :] == (jnp.arange(rows) % group)[:, None]  # [b, K]
     owner.value = jax.lax.dynamic_update_slice_in_dim(owner.value, own[:, :, None], index,
                                                       axis=2)
-    return _cached_attention(query, cached_key.value, cached_value.value, owner.value)
+    # Positions past the step are masked: attend over the smallest window of the cache that
+    # holds the step's position, not over all of it (`attention_windows`).
+    windows = attention_windows(cached_key.value.shape[2])
+
+    def attend(width):
+      return lambda: _cached_attention(query, cached_key.value[:, :, :width],
+                                       cached_value.value[:, :, :width],
+                                       owner.value[:, :, :width])
+
+    window = jnp.searchsorted(jnp.asarray(windows), index + 1)
+    return jax.lax.switch(window, [attend(w) for w in windows])
+
+
+def attention_windows(length: int, first: int = 16) -> tuple[int, ...]:
+  """The cache prefixes a decoding step may attend over: first, 2 first, 4 first, ... and
+  `length`, the cache's. A step attends over the smallest that holds its position."""
+  windows = []
+  while first < length:
+    windows.append(first)
+    first *= 2
+  return (*windows, length)
 
 
 def _cached_attention(query: Array, key: Array, value: Array, owners: Array) -> Array:
