@@ -443,6 +443,28 @@ def test_in_place_beam_caches_equal_reordered_caches(scan_layers, batch):
   np.testing.assert_array_equal(seqs_new, seqs_old)
   np.testing.assert_allclose(scores_new, scores_old, rtol=1e-5)
 
+  # And with the encoder side once per sentence (`translate.per_source`): the K rows of a
+  # sentence read its keys and values, and its encoder outputs, untiled.
+  def tokens_to_logits_once(ids, cache):
+    model_cache, (enc, inputs) = cache
+    logits, mutated = step_model.apply(
+      {"params": params, "cache": model_cache}, enc, inputs, ids,
+      method=Transformer.decode_logits, mutable=["cache"],
+    )
+    return logits[:, -1, :], (mutated["cache"], (enc, inputs))
+
+  def run_once(cache):
+    once = (translate.per_source(cache, cfg), (True, True))
+    assert any(jax.tree.leaves(once[0]))
+    return search_lib.beam_search(
+      tokens_to_logits_once, (cache, (encoded, src)), batch_size=batch, beam_size=k,
+      alpha=0.6, max_lengths=jnp.full((batch,), max_len), max_len=max_len, eos_id=EOS,
+      reorder=(translate.beam_reorder_mask(cache), (False, False)), per_sentence=once)[:2]
+
+  seqs_once, scores_once = jax.jit(run_once)(in_place)
+  np.testing.assert_array_equal(seqs_once, seqs_old)
+  np.testing.assert_allclose(scores_once, scores_old, rtol=1e-5)
+
 
 # Log probabilities of the hypotheses, and sampling.
 

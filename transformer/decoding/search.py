@@ -87,18 +87,21 @@ def unflatten_beams(x: jax.Array, batch_size: int) -> jax.Array:
   return x.reshape((batch_size, x.shape[0] // batch_size) + x.shape[1:])
 
 
-def tile_beams(tree: PyTree, beam_size: int) -> PyTree:
+def tile_beams(tree: PyTree, beam_size: int, once: PyTree | None = None) -> PyTree:
   """Repeats every batch row `beam_size` times: leaves [B, ...] -> [B * K, ...].
 
-  Scalar leaves are returned unchanged. Use it also for anything `tokens_to_logits` closes
+  Scalar leaves are returned unchanged, and so are the leaves that `once` (bools with the
+  structure of `tree`, if given) marks True. Use it also for anything `tokens_to_logits` closes
   over that has a batch axis (encoder outputs, source padding masks) before beam search.
   """
 
-  def tile(x):
+  def tile(x, keep=False):
     x = jnp.asarray(x)
-    return x if x.ndim == 0 else jnp.repeat(x, beam_size, axis=0)
+    return x if x.ndim == 0 or keep else jnp.repeat(x, beam_size, axis=0)
 
-  return jax.tree.map(tile, tree)
+  if once is None:
+    return jax.tree.map(tile, tree)
+  return jax.tree.map(lambda keep, x: tile(x, keep), once, tree)
 
 
 def gather_beams(tree: PyTree, beam_indices: jax.Array, reorder: PyTree | None = None) -> PyTree:
@@ -366,6 +369,7 @@ def beam_search(
   max_len: int,
   eos_id: int = 1,
   reorder: PyTree | None = None,
+  per_sentence: PyTree | None = None,
   num_hypotheses: int | None = None,
   banned_id: int | None = None,
   normalize: bool = True,
@@ -412,6 +416,10 @@ def beam_search(
       each row keeps in place and `tokens_to_logits` addresses through a beam-ancestry leaf
       that is reordered (the Transformer's self-attention caches with `kv_owner`,
       `translate.init_cache` with beams and `translate.beam_reorder_mask`).
+    per_sentence: None, or bools with the structure of `cache`: True marks leaves [B, ...] kept
+      once per sentence, neither tiled nor reordered, which `tokens_to_logits` reads for the K
+      rows of their sentence (the Transformer's encoder-side keys and values,
+      `model._cross_attention_step`, and the encoder outputs).
     banned_id: a token id no hypothesis contains, or None.
     normalize, prefix, prefix_lengths: see the module docstring (prefix rows per sentence,
       [B, P] and [B]: every beam of a sentence starts with its prefix).
@@ -507,6 +515,9 @@ def beam_search(
     sequences = jnp.where((scores > NEG_INF)[:, :, None], sequences, 0)
     return sequences, scores, log_probs
 
+  if per_sentence is not None:
+    reorder = jax.tree.map(lambda once, r: r and not once, per_sentence,
+                           jax.tree.map(lambda _: True, cache) if reorder is None else reorder)
   # Only beam 0 is live at the start, so the K identical initial beams do not yield K copies
   # of each extension.
   init_log_probs = jnp.full((batch_size, k), NEG_INF, jnp.float32).at[:, 0].set(0.0)
@@ -519,7 +530,7 @@ def beam_search(
     "fin_scores": jnp.full((batch_size, k), NEG_INF, jnp.float32),
     "fin_log_probs": jnp.full((batch_size, k), NEG_INF, jnp.float32),
     "done": jnp.zeros((batch_size,), bool),
-    "cache": tile_beams(cache, k),
+    "cache": tile_beams(cache, k, per_sentence),
     "rows": rows,
   }
   sequences, scores, log_probs = _staged_loop(cond, body, state, finalize, "done", stages)

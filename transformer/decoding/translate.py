@@ -79,6 +79,15 @@ def beam_reorder_mask(cache: Any) -> Any:
   return mask(cache)
 
 
+def per_source(cache: Any, model_config: ModelConfig) -> Any:
+  """Bools with the structure of a model cache: True for the per-source entries
+  (`model.PER_SOURCE_CACHE`) of a Transformer, which beam search keeps once per sentence
+  (`search.beam_search`'s `per_sentence`); the LSTM baseline's cache has none."""
+  transformer = model_config.kind == "transformer"
+  return _map_entries(cache, lambda name, x: jax.tree.map(
+    lambda _: transformer and name in model_lib.PER_SOURCE_CACHE, x))
+
+
 def prefill_cache(model_config: ModelConfig, params: Any, encoded: Array, inputs: Array,
                   cache: Any) -> Any:
   """`cache` with the per-source entries filled in (`model.PER_SOURCE_CACHE`): the encoder-side
@@ -215,14 +224,20 @@ def decode_hypotheses(params: Any, inputs: Array, model_config: ModelConfig | tu
     max_lengths, prefix, prefix_lengths = decode_lib.tile_beams(
       (max_lengths, prefix, prefix_lengths), rows)
   batch = inputs.shape[0] * rows
-  # Everything a step reads with a batch axis travels in the search's cache, which beam
-  # search tiles and the search cuts when its batch shrinks (`stages`); the encoder outputs
-  # are the same for every beam of a sentence, so they are never reordered.
+  # Everything a step reads with a batch axis travels in the search's cache, which the search
+  # cuts when its batch shrinks (`stages`). The encoder outputs are the same for every beam of
+  # a sentence, so they are never reordered; a Transformer reads them, and its encoder-side
+  # keys and values, once per sentence for all its beams (`per_source`).
   cache = {"members": tuple(caches), "encoded": tuple(encodings)}
   reorder = {"members": tuple(reorders),
              "encoded": jax.tree.map(lambda _: False, tuple(encodings))}
+  once = {"members": tuple(per_source(c, config) for c, config in zip(caches, configs,
+                                                                      strict=True)),
+          "encoded": tuple(jax.tree.map(lambda _, config=config: config.kind == "transformer",
+                                        e) for e, config in zip(encodings, configs, strict=True))}
   if logits_filter is not None:
     cache, reorder = (cache, jnp.zeros((batch,), jnp.int32)), (reorder, True)
+    once = (once, False)
 
   def member_logits(i, ids, cache):
     encoded, member_inputs = cache["encoded"][i]
@@ -250,8 +265,8 @@ def decode_hypotheses(params: Any, inputs: Array, model_config: ModelConfig | tu
   if search.method == "beam":
     seqs, scores, log_probs = decode_lib.beam_search(
       tokens_to_logits, cache, batch_size=batch, beam_size=beams, alpha=search.alpha,
-      max_lengths=max_lengths, max_len=max_len, reorder=reorder, num_hypotheses=nbest,
-      **options)
+      max_lengths=max_lengths, max_len=max_len, reorder=reorder, per_sentence=once,
+      num_hypotheses=nbest, **options)
     return seqs[:, :nbest], scores[:, :nbest], log_probs[:, :nbest]
   if search.method == "greedy":
     seqs, log_probs = decode_lib.greedy_decode(tokens_to_logits, cache, batch_size=batch,
