@@ -396,9 +396,9 @@ class Translator:
   def stages(self, rows: int, nbest: int) -> tuple[int, ...]:
     """The sentence counts a batch of `rows` sources shrinks to as they stop
     (`search.shrinking_stages`): a quarter, and for greedy search and sampling a sixteenth
-    too, each a multiple of the data-parallel size. On the numbers model (64 sentences, 4,000
-    lines, AVX-512), one stage took beam search from 352 to 474 sentences/s and greedy search
-    from 955 to 1,184, and a second took greedy search to 1,452 (beam search: 456)."""
+    too, each a multiple of the data-parallel size. A second stage paid for greedy search on
+    the default model and not for beam search, whose K rows per sentence keep a quarter of the
+    batch busy (docs/decoding.md, translating a file)."""
     method = self.search.candidate_search().method
     per_source = nbest if method == "sample" else 1
     return decode_lib.shrinking_stages(rows * per_source,
