@@ -541,3 +541,30 @@ def test_an_evaluator_ensembles_the_evaluated_parameters_with_other_workdirs(wor
   assert result(f"{workdir}@latest") == alone
   with pytest.raises(UserError, match="evals.test_translation.ensemble member"):
     result(str(tmp_path / "none"))
+
+
+@pytest.mark.parametrize("method", ["beam", "greedy"])
+def test_a_sentence_alone_gets_the_outputs_and_scores_it_gets_in_a_batch(restored, method):
+  """A call of few sources runs a batch of fewer rows (`Translator.rows_per_batch`); each
+  sentence's hypotheses and scores are those of a full batch."""
+  from transformer.decoding.translate import Translator
+
+  config, model = restored
+  decode = config.decode.copy_and_resolve_references()
+  decode.method = method
+  nbest = 2 if method == "beam" else 1
+  translator = Translator(model.translator.model_config, decode, model.translator.mesh,
+                          model.layout.param_shardings, model.translator.bucket_lengths)
+  sources = [model.tokenizer.encode(s) for s in SOURCES + ["eighty-one", "four", "sixty"]]
+  length = translator.pad_length(max(len(s) for s in sources))
+  assert translator.rows_per_batch(length, 1) < translator.rows_per_batch(length)
+  assert translator.rows_per_batch(length, len(sources)) >= len(sources)
+  together = translator.search_ids(model.params, sources, nbest=nbest)
+  for i in (0, 1, 4):
+    alone = translator.search_ids(model.params, [sources[i]], nbest=nbest)[0]
+    assert [h.ids for h in alone] == [h.ids for h in together[i]]
+    np.testing.assert_allclose([h.score for h in alone], [h.score for h in together[i]],
+                               rtol=1e-5, atol=1e-6)
+  pairs = [(s, h[0].ids) for s, h in zip(sources, together, strict=True)]
+  np.testing.assert_allclose(translator.score_ids(model.params, pairs[:1]),
+                             translator.score_ids(model.params, pairs)[:1], rtol=1e-5, atol=1e-6)

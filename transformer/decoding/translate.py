@@ -435,15 +435,21 @@ class Translator:
                                out_shardings=NamedSharding(self.mesh, PartitionSpec()))
     return self._fns[key]
 
-  def rows_per_batch(self, length: int) -> int:
+  def rows_per_batch(self, length: int, sources: int | None = None) -> int:
     """The rows of a batch of sources padded to `length`: at most `batch_size`, and at most
     `tokens_per_batch` padded tokens, rounded to the data-parallel size (at least one row per
-    device)."""
+    device). With `sources`, the number a call translates, a call of fewer takes the power
+    of two that holds them: a sentence alone compiles and runs a program of one row, not a
+    full batch's, and small calls share a few programs."""
     dp = sharding_lib.data_parallel_size(self.mesh)
     rows = self.batch_size
     if self.tokens_per_batch is not None:
       rows = min(rows, self.tokens_per_batch // length)
-    return max(dp, rows // dp * dp)
+    rows = max(dp, rows // dp * dp)
+    if sources is not None:
+      smallest = -(-(1 << max(sources - 1, 0).bit_length()) // dp) * dp
+      rows = min(rows, smallest)
+    return rows
 
   def batches(self, lengths: Sequence[int]) -> list[tuple[list[int], int]]:
     """Indices of `lengths` grouped into batches, shortest first: [(indices, padded length)]."""
@@ -505,7 +511,7 @@ class Translator:
     max_src = self.max_len - self.max_extra_len
     for idx, length in self.batches([len(s) for s in sources]):
       src_len = min(length, max_src)
-      rows = self.rows_per_batch(length)
+      rows = self.rows_per_batch(length, len(sources))
       arr = self._padded([sources[i] for i in idx], rows, src_len)
       ids = np.zeros((rows,), np.int32)
       ids[: len(idx)] = [sentence_ids[i] for i in idx]
@@ -555,7 +561,7 @@ class Translator:
     results = [0.0] * len(pairs)
     for idx, length in self.batches([max(len(s), len(t)) for s, t in pairs]):
       length = min(length, self.max_len)
-      rows = self.rows_per_batch(length)
+      rows = self.rows_per_batch(length, len(pairs))
       src = self._padded([pairs[i][0] for i in idx], rows, length)
       tgt = self._padded([pairs[i][1] for i in idx], rows, length)
       args = (params, self._global(src), self._global(tgt))
