@@ -88,7 +88,10 @@ def run_benchmark(workdir: str, input_path: str | None, lines: int, rounds: int,
     input_path = os.path.join(scratch, "input.txt")
     write_numbers_input(input_path, lines)
   count = files.count_lines(input_path)
-  record: dict[str, Any] = {"lines": count, "rounds": rounds, "threads": threads, "rows": []}
+  import jax
+
+  record: dict[str, Any] = {"lines": count, "rounds": rounds, "threads": threads,
+                            "devices": jax.device_count(), "rows": []}
   exported = None
   for name, fields in searches.items():
     config = workdir_lib.load(workdir)
@@ -128,7 +131,8 @@ def report_lines(record: dict[str, Any]) -> list[str]:
                 f"{r['ours_first_s']:.1f} | {100 * r['same_lines']:.1f}% |")
   return ["## Results\n",
           f"{record['lines']:,} lines, best of {record['rounds']} rounds, "
-          f"{record['threads']} threads each, parameters of {record['parameters']}.\n",
+          f"{record['threads']} threads each (ours over {record['devices']} JAX "
+          f"device(s): `transformer/cpu_devices.py`), parameters of {record['parameters']}.\n",
           "\n".join(rows) + "\n"]
 
 
@@ -146,10 +150,16 @@ if __name__ == "__main__":
   _THREADS = flags.DEFINE_integer("threads", os.cpu_count() or 1, "CTranslate2's threads.")
   _OUT = flags.DEFINE_string("out", "benchmarks/results/corpus_translation",
                              "Report path without extension (.md and .json are written).")
+  _CPU_DEVICES = flags.DEFINE_integer("cpu_devices", None, "JAX CPU devices of ours (default: "
+                                      "what --mode=translate takes, cpu_devices.py).")
 
   def main(argv: list[str]) -> None:
     del argv
+    from transformer import cpu_devices
+
     try:
+      config = workdir_lib.load(_WORKDIR.value)
+      cpu_devices.use(_CPU_DEVICES.value, config, translating=True)
       record = run_benchmark(_WORKDIR.value, _INPUT.value, _LINES.value, _ROUNDS.value,
                              _THREADS.value)
     except UserError as e:

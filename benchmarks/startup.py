@@ -69,7 +69,7 @@ def parts(workdir: str, cache: str, input_path: str | None) -> dict[str, float]:
 def probe(workdir: str, cache: str, input_path: str) -> None:
   """In a fresh process: prints the JSON seconds of imports, restore, first and second search."""
   t0 = time.perf_counter()
-  from transformer import infer
+  from transformer import cpu_devices, infer
   from transformer import workdir as workdir_lib
   from transformer.data.mixture import SourceEncoder, tags
 
@@ -77,16 +77,20 @@ def probe(workdir: str, cache: str, input_path: str) -> None:
   config = workdir_lib.load(workdir)
   with config.unlocked():
     config.compilation_cache_dir = cache
+  cpu_devices.use(None, config, translating=True)  # the devices --mode=translate takes
   model = infer.restore(config, workdir)
   t2 = time.perf_counter()
   lines = [SENTENCE] if not input_path else open(input_path).read().splitlines()
   encoder = SourceEncoder(model.tokenizer, tags(config), config.decode.get("tag", ""))
   sources = [encoder.encode(line) for line in lines]
-  # Every program the input needs, by one sentence of each padded length, each on its own
-  # (batches of several lengths would take the longest one's program only).
-  by_length = {model.translator.pad_length(len(s)): s for s in sources}
-  for source in by_length.values():
-    model.translator.search_ids(model.params, [source])
+  # Every program the input needs, by a batch of one sentence of each padded length, each on
+  # its own (batches of several lengths would take the longest one's program only), as many
+  # rows as the input's batches of that length have.
+  translator = model.translator
+  by_length = {translator.pad_length(len(s)): s for s in sources}
+  for length, source in by_length.items():
+    translator.search_ids(model.params, [source] * translator.rows_per_batch(length,
+                                                                             len(sources)))
   t3 = time.perf_counter()
   model.translator.search_ids(model.params, sources)
   t4 = time.perf_counter()

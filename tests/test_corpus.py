@@ -318,6 +318,40 @@ def test_samples_depend_on_the_seed_not_on_the_mesh_or_the_batch(workdir, tmp_pa
   assert any(len({tuple(s) for s in hyps}) > 1 for hyps in outputs["8x1"])
 
 
+def test_translation_gives_the_same_outputs_on_one_and_on_several_cpu_devices(workdir, tmp_path):
+  """--mode=translate splits each batch over a CPU device per core (cpu_devices.py): the
+  hypotheses are those of one device, and of three (uneven parts); their scores, sums over
+  other batch shapes, may move in their last bits."""
+  source = tmp_path / "in.txt"
+  source.write_text("".join(s + "\n" for s, _ in nb.generate("test", 40)))
+  outputs = {}
+  for devices in (None, 1, 3):
+    out = tmp_path / f"out-{devices}.jsonl"
+    flag = [] if devices is None else [f"--cpu_devices={devices}"]
+    proc = run_main("--mode=translate", f"--workdir={workdir}", f"--input={source}",
+                    f"--output={out}", "--nbest=2", "--output_format=jsonl", *flag)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    if devices is not None:
+      assert f"{devices} JAX CPU devices" in proc.stderr
+    outputs[devices] = [json.loads(ln) for ln in out.read_text().splitlines()]
+  assert len(outputs[1]) == 40
+
+  def texts(objects):
+    return [[h["text"] for h in o["hypotheses"]] for o in objects]
+
+  def scores(objects):
+    return [h[k] for o in objects for h in o["hypotheses"] for k in ("score", "logprob")]
+
+  assert texts(outputs[None]) == texts(outputs[1]) == texts(outputs[3])
+  for devices in (None, 3):
+    np.testing.assert_allclose(scores(outputs[devices]), scores(outputs[1]), rtol=1e-5)
+
+  bad = run_main("--mode=translate", f"--workdir={workdir}", f"--input={source}",
+                 f"--output={tmp_path / 'never.txt'}", "--cpu_devices=0")
+  assert bad.returncode == 2 and "--cpu_devices=0" in one_error_line(bad.stderr)
+  assert not (tmp_path / "never.txt").exists()
+
+
 def test_check_request_refuses_bad_flags_before_work(tmp_path):
   from transformer.decoding.translate import Search
   from transformer.errors import UserError

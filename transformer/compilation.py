@@ -315,16 +315,21 @@ class Executables:
     return program
 
   def run(self, name: str, parts: Any, jitted: Any, args: Sequence[Any]) -> Any:
-    """`get(...)(*args)`, finished (`jax.block_until_ready`). A kept program that fails to run
-    (a jaxlib whose executables do not survive serialization, a damaged file that still
-    loaded) is a warning: it is dropped, compiled afresh and run again."""
+    """`get(...)(*args)`. A kept program that fails to run (a jaxlib whose executables do not
+    survive serialization, a damaged file that still loaded) is a warning: it is dropped,
+    compiled afresh and run again. So a program loaded from `directory` is waited for the
+    first time it runs (`jax.block_until_ready`); every other call returns as soon as it is
+    dispatched, so that the caller can prepare the next call while this one runs."""
     key = executable_key(name, parts, args)
     program = self._get(key, name, jitted, args)
+    if key not in self._from_disk:
+      return program(*args)
     try:
-      return jax.block_until_ready(program(*args))
+      out = jax.block_until_ready(program(*args))
+      with self._lock:
+        self._from_disk.discard(key)  # it runs: later calls need not wait
+      return out
     except jax.errors.JaxRuntimeError as e:
-      if key not in self._from_disk:
-        raise
       logging.warning("compiling again: the kept program %s failed to run: %s", key,
                       str(e).splitlines()[0])
       path = self._path(key)

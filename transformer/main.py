@@ -94,7 +94,15 @@ _DISTRIBUTED = flags.DEFINE_bool(
   "distributed", False, "Initialise jax.distributed from the environment (TPU pods, SLURM, ...)."
 )
 
+_CPU_DEVICES = flags.DEFINE_integer(
+  "cpu_devices", None, "JAX devices on a CPU (default: translate and score take one per core, "
+  "each with at least 8 sentences of a batch, when the mesh is data-parallel; other modes one: "
+  "transformer/cpu_devices.py).")
+
 FLAGS = flags.FLAGS
+
+# The modes that take one CPU device per core by default (transformer/cpu_devices.py).
+TRANSLATING_MODES = ("translate", "score")
 
 
 def default_workdir(config_arg: str) -> str:
@@ -152,9 +160,18 @@ def main(argv: list[str]) -> None:
     fail("--mode=import needs --source=DIR, a Hugging Face Marian model directory")
   import jax
 
+  from transformer import cpu_devices
   from transformer.errors import UserError
 
-  if _COORDINATOR.value or _DISTRIBUTED.value:
+  distributed = bool(_COORDINATOR.value or _DISTRIBUTED.value)
+  try:
+    count = cpu_devices.use(_CPU_DEVICES.value, config,
+                            _MODE.value in TRANSLATING_MODES and not distributed)
+  except UserError as e:
+    fail(str(e))
+  if count is not None:
+    logging.info("%d JAX CPU devices (--cpu_devices, transformer/cpu_devices.py)", count)
+  if distributed:
     jax.distributed.initialize(
       coordinator_address=_COORDINATOR.value, num_processes=_NUM_PROCESSES.value,
       process_id=_PROCESS_ID.value,

@@ -509,6 +509,19 @@ class Translator:
           raise ValueError(f"prefix {i} has {len(prefix)} tokens: the output of its source is "
                            f"at most {self.output_limit(len(src))} tokens, EOS included")
     max_src = self.max_len - self.max_extra_len
+
+    def collect(idx: list[int], out: Any) -> None:
+      seqs, scores, log_probs = (np.asarray(x) for x in jax.device_get(out))
+      for row, i in enumerate(idx):
+        results[i] = [Hypothesis(_until_eos(seqs[row, n]), float(scores[row, n]),
+                                 float(log_probs[row, n]))
+                      for n in range(seqs.shape[1]) if scores[row, n] > -np.inf]
+      if on_batch is not None:
+        on_batch(len(idx))
+
+    # Each batch is dispatched before the one before it is read back, so that the host pads
+    # the next batch and reads out the last while the devices search.
+    pending: tuple[list[int], Any] | None = None
     for idx, length in self.batches([len(s) for s in sources]):
       src_len = min(length, max_src)
       rows = self.rows_per_batch(length, len(sources))
@@ -522,13 +535,11 @@ class Translator:
       key = ("decode", nbest, src_len, max_len, prefixes is not None,
              self.stages(rows, nbest))
       out = self._run(key, self._decode_fn(*key[1:]), args)
-      seqs, scores, log_probs = (np.asarray(x) for x in jax.device_get(out))
-      for row, i in enumerate(idx):
-        results[i] = [Hypothesis(_until_eos(seqs[row, n]), float(scores[row, n]),
-                                 float(log_probs[row, n]))
-                      for n in range(seqs.shape[1]) if scores[row, n] > -np.inf]
-      if on_batch is not None:
-        on_batch(len(idx))
+      if pending is not None:
+        collect(*pending)
+      pending = (idx, out)
+    if pending is not None:
+      collect(*pending)
     return results
 
   def _mbr(self, params: Any, sources: Sequence[Sequence[int]], nbest: int,
@@ -559,18 +570,27 @@ class Translator:
                 on_batch: Callable[[int], None] | None = None) -> list[float]:
     """log p(target | source) of each (source ids, target ids) pair (`target_log_probs`)."""
     results = [0.0] * len(pairs)
+
+    def collect(idx: list[int], out: Any) -> None:
+      values = np.asarray(jax.device_get(out))
+      for row, i in enumerate(idx):
+        results[i] = float(values[row])
+      if on_batch is not None:
+        on_batch(len(idx))
+
+    pending: tuple[list[int], Any] | None = None  # dispatched, not yet read (`_search`)
     for idx, length in self.batches([max(len(s), len(t)) for s, t in pairs]):
       length = min(length, self.max_len)
       rows = self.rows_per_batch(length, len(pairs))
       src = self._padded([pairs[i][0] for i in idx], rows, length)
       tgt = self._padded([pairs[i][1] for i in idx], rows, length)
       args = (params, self._global(src), self._global(tgt))
-      out = np.asarray(jax.device_get(
-        self._run(("score", length), self._score_fn(length), args)))
-      for row, i in enumerate(idx):
-        results[i] = float(out[row])
-      if on_batch is not None:
-        on_batch(len(idx))
+      out = self._run(("score", length), self._score_fn(length), args)
+      if pending is not None:
+        collect(*pending)
+      pending = (idx, out)
+    if pending is not None:
+      collect(*pending)
     return results
 
   def pad_length(self, n: int) -> int:
