@@ -9,8 +9,8 @@ import copy
 import dataclasses
 import functools
 import os
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -510,36 +510,29 @@ class Translator:
                            f"at most {self.output_limit(len(src))} tokens, EOS included")
     max_src = self.max_len - self.max_extra_len
 
-    def collect(idx: list[int], out: Any) -> None:
-      seqs, scores, log_probs = (np.asarray(x) for x in jax.device_get(out))
+    def dispatched() -> Iterator[tuple[list[int], Any]]:
+      for idx, length in self.batches([len(s) for s in sources]):
+        src_len = min(length, max_src)
+        rows = self.rows_per_batch(length, len(sources))
+        arr = self._padded([sources[i] for i in idx], rows, src_len)
+        ids = np.zeros((rows,), np.int32)
+        ids[: len(idx)] = [sentence_ids[i] for i in idx]
+        max_len = min(src_len + self.max_extra_len, self.max_len)
+        args = [params, self._global(arr), self._global(ids)]
+        if prefixes is not None:
+          args.append(self._global(self._padded([prefixes[i] for i in idx], rows, max_len)))
+        key = ("decode", nbest, src_len, max_len, prefixes is not None,
+               self.stages(rows, nbest))
+        yield idx, self._run(key, self._decode_fn(*key[1:]), args)
+
+    for idx, out in read_one_behind(dispatched()):
+      seqs, scores, log_probs = (np.asarray(x) for x in out)
       for row, i in enumerate(idx):
         results[i] = [Hypothesis(_until_eos(seqs[row, n]), float(scores[row, n]),
                                  float(log_probs[row, n]))
                       for n in range(seqs.shape[1]) if scores[row, n] > -np.inf]
       if on_batch is not None:
         on_batch(len(idx))
-
-    # Each batch is dispatched before the one before it is read back, so that the host pads
-    # the next batch and reads out the last while the devices search.
-    pending: tuple[list[int], Any] | None = None
-    for idx, length in self.batches([len(s) for s in sources]):
-      src_len = min(length, max_src)
-      rows = self.rows_per_batch(length, len(sources))
-      arr = self._padded([sources[i] for i in idx], rows, src_len)
-      ids = np.zeros((rows,), np.int32)
-      ids[: len(idx)] = [sentence_ids[i] for i in idx]
-      max_len = min(src_len + self.max_extra_len, self.max_len)
-      args = [params, self._global(arr), self._global(ids)]
-      if prefixes is not None:
-        args.append(self._global(self._padded([prefixes[i] for i in idx], rows, max_len)))
-      key = ("decode", nbest, src_len, max_len, prefixes is not None,
-             self.stages(rows, nbest))
-      out = self._run(key, self._decode_fn(*key[1:]), args)
-      if pending is not None:
-        collect(*pending)
-      pending = (idx, out)
-    if pending is not None:
-      collect(*pending)
     return results
 
   def _mbr(self, params: Any, sources: Sequence[Sequence[int]], nbest: int,
@@ -571,26 +564,21 @@ class Translator:
     """log p(target | source) of each (source ids, target ids) pair (`target_log_probs`)."""
     results = [0.0] * len(pairs)
 
-    def collect(idx: list[int], out: Any) -> None:
-      values = np.asarray(jax.device_get(out))
+    def dispatched() -> Iterator[tuple[list[int], Any]]:
+      for idx, length in self.batches([max(len(s), len(t)) for s, t in pairs]):
+        length = min(length, self.max_len)
+        rows = self.rows_per_batch(length, len(pairs))
+        src = self._padded([pairs[i][0] for i in idx], rows, length)
+        tgt = self._padded([pairs[i][1] for i in idx], rows, length)
+        args = (params, self._global(src), self._global(tgt))
+        yield idx, self._run(("score", length), self._score_fn(length), args)
+
+    for idx, out in read_one_behind(dispatched()):
+      values = np.asarray(out)
       for row, i in enumerate(idx):
         results[i] = float(values[row])
       if on_batch is not None:
         on_batch(len(idx))
-
-    pending: tuple[list[int], Any] | None = None  # dispatched, not yet read (`_search`)
-    for idx, length in self.batches([max(len(s), len(t)) for s, t in pairs]):
-      length = min(length, self.max_len)
-      rows = self.rows_per_batch(length, len(pairs))
-      src = self._padded([pairs[i][0] for i in idx], rows, length)
-      tgt = self._padded([pairs[i][1] for i in idx], rows, length)
-      args = (params, self._global(src), self._global(tgt))
-      out = self._run(("score", length), self._score_fn(length), args)
-      if pending is not None:
-        collect(*pending)
-      pending = (idx, out)
-    if pending is not None:
-      collect(*pending)
     return results
 
   def pad_length(self, n: int) -> int:
@@ -602,6 +590,22 @@ class Translator:
     while size < n:
       size *= 2
     return size
+
+
+_Key = TypeVar("_Key")
+
+
+def read_one_behind(dispatched: Iterable[tuple[_Key, Any]]) -> Iterator[tuple[_Key, Any]]:
+  """Each (key, device output) of `dispatched`, read back to the host only after the next
+  one is dispatched, so that the host prepares the next batch and reads out the last while
+  the devices compute (JAX dispatches asynchronously)."""
+  pending: tuple[_Key, Any] | None = None
+  for item in dispatched:
+    if pending is not None:
+      yield pending[0], jax.device_get(pending[1])
+    pending = item
+  if pending is not None:
+    yield pending[0], jax.device_get(pending[1])
 
 
 def _until_eos(ids: np.ndarray) -> list[int]:
