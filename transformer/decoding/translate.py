@@ -405,24 +405,38 @@ class Translator:
                                        sharding_lib.data_parallel_size(self.mesh),
                                        count=1 if method == "beam" else 2)
 
+  def _searches_apart(self) -> bool:
+    """Whether each device can search its rows of a batch alone: the batch is split and every
+    device holds all the parameters (no tensor or fsdp split)."""
+    shardings = jax.tree.leaves(self._param_shardings)
+    return (sharding_lib.data_parallel_size(self.mesh) > 1
+            and all(s.is_fully_replicated for s in shardings))
+
   def _decode_fn(self, nbest: int, src_len: int, max_len: int, prefixed: bool,
                  stages: tuple[int, ...]):
     key = ("decode", nbest, src_len, max_len, prefixed, stages)
     if key not in self._fns:
-      fn = functools.partial(decode_hypotheses, model_config=self.model_config,
-                             search=self.search.candidate_search(), nbest=nbest,
-                             max_len=max_len, weights=self.weights, stages=stages)
       batch = sharding_lib.batch_sharding(self.mesh)
       replicated = NamedSharding(self.mesh, PartitionSpec())
-      if prefixed:
-        self._fns[key] = jax.jit(
-          lambda params, inputs, ids, prefix: fn(params, inputs, sentence_ids=ids,
-                                                 prefix=prefix),
-          in_shardings=(self._param_shardings, batch, batch, batch), out_shardings=replicated)
-      else:
-        self._fns[key] = jax.jit(
-          lambda params, inputs, ids: fn(params, inputs, sentence_ids=ids),
-          in_shardings=(self._param_shardings, batch, batch), out_shardings=replicated)
+      apart = self._searches_apart()
+      dp = sharding_lib.data_parallel_size(self.mesh)
+      fn = functools.partial(decode_hypotheses, model_config=self.model_config,
+                             search=self.search.candidate_search(), nbest=nbest,
+                             max_len=max_len, weights=self.weights,
+                             stages=tuple(s // dp for s in stages) if apart else stages)
+      search = (lambda params, inputs, ids, prefix=None:
+                fn(params, inputs, sentence_ids=ids, prefix=prefix))
+      if apart:
+        # Each device searches its rows as a batch of its own, its loop running until its
+        # own sentences stop: a step exchanges nothing between devices (the loop's condition,
+        # the top-k and the cache position would otherwise be agreed by all at every step),
+        # and the outputs are the same, no row depending on another.
+        rows = batch.spec
+        search = jax.shard_map(search, mesh=self.mesh,
+                               in_specs=(PartitionSpec(), rows, rows) + (rows,) * prefixed,
+                               out_specs=rows, check_vma=False)
+      in_shardings = (self._param_shardings, batch, batch) + (batch,) * prefixed
+      self._fns[key] = jax.jit(search, in_shardings=in_shardings, out_shardings=replicated)
     return self._fns[key]
 
   def _score_fn(self, length: int):
