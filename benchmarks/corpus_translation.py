@@ -5,10 +5,11 @@ What a user would otherwise do with a trained workdir is export it (`--mode=expo
 the same file of `--lines` sentences into a file, in one process, alternating round by round
 (best of `--rounds`), at beam 4 and greedy: ours through `files.translate_corpus` (reading in
 chunks, tokenizing, sorting, batching over the mesh, writing), CTranslate2 with the same
-SentencePiece model, `decode.batch_size` sentences per batch, float32 and the same threads.
-The first run of ours (compiling one program per padded length) is reported apart. The
-fraction of identical output lines says how alike the searches are (their length penalties
-differ: docs/decoding.md).
+SentencePiece model, float32 and the same threads, under each of its batchings in
+`--ct2_batches` (sentences or tokens per batch, CTranslate2's `batch_type`); the ratio is
+against the fastest of them. The first run of ours (compiling one program per padded length)
+is reported apart. The fraction of identical output lines says how alike the searches are
+(their length penalties differ: docs/decoding.md).
 
     python -m benchmarks.corpus_translation --workdir=runs/numbers
 
@@ -29,6 +30,24 @@ from transformer.decoding import files
 from transformer.errors import UserError
 
 SEARCHES = {"beam 4": {"method": "beam", "beam_size": 4}, "greedy": {"method": "greedy"}}
+# CTranslate2's batchings: our sentences per batch, its fastest on the default model (a sweep
+# of 32 to 2,048 sentences and 512 to 16,384 tokens), and its token budget.
+CT2_BATCHES = (("examples", 64), ("examples", 512), ("tokens", 16384))
+
+
+def parse_batches(text: str) -> tuple[tuple[str, int], ...]:
+  """'examples:64,tokens:16384' -> (('examples', 64), ('tokens', 16384)).
+
+  Raises:
+    ValueError: an entry not of the form examples:N or tokens:N with N >= 1.
+  """
+  out = []
+  for entry in text.split(","):
+    kind, _, size = entry.strip().partition(":")
+    if kind not in ("examples", "tokens") or not size.isdigit() or int(size) < 1:
+      raise ValueError(f"{entry!r} is not examples:N or tokens:N")
+    out.append((kind, int(size)))
+  return tuple(out)
 
 
 def write_numbers_input(path: str, lines: int) -> None:
@@ -50,9 +69,10 @@ def ours(model: Any, config: Any, input_path: str, output_path: str) -> float:
 
 
 def ctranslate2_file(model_dir: str, spm_path: str, input_path: str, output_path: str, *,
-                     beam_size: int, alpha: float, batch_size: int, max_len: int,
+                     beam_size: int, alpha: float, batch: tuple[str, int], max_len: int,
                      threads: int) -> float:
-  """Seconds for CTranslate2's `translate_file` (loading the model excluded)."""
+  """Seconds for CTranslate2's `translate_file` (loading the model excluded); `batch` is
+  (batch_type, max_batch_size)."""
   import ctranslate2
   import sentencepiece
 
@@ -61,7 +81,7 @@ def ctranslate2_file(model_dir: str, spm_path: str, input_path: str, output_path
                                      inter_threads=1, intra_threads=threads)
   start = time.perf_counter()
   translator.translate_file(
-    input_path, output_path, max_batch_size=batch_size, batch_type="examples",
+    input_path, output_path, max_batch_size=batch[1], batch_type=batch[0],
     beam_size=beam_size, length_penalty=alpha, min_decoding_length=0,
     max_decoding_length=max_len,
     source_tokenize_fn=lambda line: sp.encode(line.strip(), out_type=str),
@@ -75,9 +95,13 @@ def same_lines(a: str, b: str) -> float:
   return sum(p == q for p, q in zip(x, y, strict=True)) / max(len(x), 1)
 
 
+def batch_name(batch: tuple[str, int]) -> str:
+  return f"{batch[1]} {'sentences' if batch[0] == 'examples' else 'tokens'}"
+
+
 def run_benchmark(workdir: str, input_path: str | None, lines: int, rounds: int,
-                  threads: int, searches: dict[str, dict[str, Any]] = SEARCHES
-                  ) -> dict[str, Any]:
+                  threads: int, searches: dict[str, dict[str, Any]] = SEARCHES,
+                  ct2_batches: tuple[tuple[str, int], ...] = CT2_BATCHES) -> dict[str, Any]:
   """Times both over the same file per search; returns the record for the report."""
   from transformer.interop import export
 
@@ -104,36 +128,52 @@ def run_benchmark(workdir: str, input_path: str | None, lines: int, rounds: int,
       exported = export.export_restored(model, os.path.join(scratch, "ct2"))
     ours_out, ct2_out = (os.path.join(scratch, f"{who}.txt") for who in ("ours", "ct2"))
     first = ours(model, config, input_path, ours_out)
-    times: dict[str, list[float]] = {"ours": [], "ct2": []}
+    times: dict[str, list[float]] = {"ours": [], **{batch_name(b): [] for b in ct2_batches}}
+    same = {}
     for _ in range(rounds):
       times["ours"].append(ours(model, config, input_path, ours_out))
-      times["ct2"].append(ctranslate2_file(
-        exported, os.path.join(exported, export.SPM_NAME), input_path, ct2_out,
-        beam_size=model.translator.search.beam_size if fields["method"] == "beam" else 1,
-        alpha=model.translator.search.alpha, batch_size=int(config.decode.batch_size),
-        max_len=config.model.max_len, threads=threads))
+      for batch in ct2_batches:
+        times[batch_name(batch)].append(ctranslate2_file(
+          exported, os.path.join(exported, export.SPM_NAME), input_path, ct2_out,
+          beam_size=model.translator.search.beam_size if fields["method"] == "beam" else 1,
+          alpha=model.translator.search.alpha, batch=batch, max_len=config.model.max_len,
+          threads=threads))
+        same[batch_name(batch)] = same_lines(ours_out, ct2_out)
     best = {k: min(v) for k, v in times.items()}
+    fastest = min((batch_name(b) for b in ct2_batches), key=best.get)
     record["rows"].append({
-      "search": name, "ours_first_s": first, "ours_s": best["ours"], "ct2_s": best["ct2"],
-      "ours_sentences_per_s": count / best["ours"], "ct2_sentences_per_s": count / best["ct2"],
-      "ratio": best["ct2"] / best["ours"], "same_lines": same_lines(ours_out, ct2_out),
-      "times": times})
+      "search": name, "ours_first_s": first, "ours_s": best["ours"],
+      "ours_sentences_per_s": count / best["ours"],
+      "ct2": [{"batch": batch_name(b), "s": best[batch_name(b)],
+               "sentences_per_s": count / best[batch_name(b)], "same_lines": same[batch_name(b)]}
+              for b in ct2_batches],
+      "ct2_fastest": fastest, "ct2_s": best[fastest], "ct2_sentences_per_s": count / best[fastest],
+      "ratio": best[fastest] / best["ours"], "same_lines": same[fastest], "times": times})
   record["parameters"] = model.label
   return record
 
 
 def report_lines(record: dict[str, Any]) -> list[str]:
-  rows = ["| search | ours (sentences/s) | CTranslate2 (sentences/s) | ours / CTranslate2 | "
-          "ours, first run (s) | identical lines |", "|---|---:|---:|---:|---:|---:|"]
+  rows = ["| search | ours (sentences/s) | CTranslate2, fastest (sentences/s) | "
+          "ours / CTranslate2 | ours, first run (s) | identical lines |",
+          "|---|---:|---:|---:|---:|---:|"]
   for r in record["rows"]:
     rows.append(f"| {r['search']} | {r['ours_sentences_per_s']:.1f} | "
-                f"{r['ct2_sentences_per_s']:.1f} | **{r['ratio']:.2f}x** | "
+                f"{r['ct2_sentences_per_s']:.1f} ({r['ct2_fastest']}) | **{r['ratio']:.2f}x** | "
                 f"{r['ours_first_s']:.1f} | {100 * r['same_lines']:.1f}% |")
+  batchings = ["| search | CTranslate2 batching | sentences/s | ours / this |",
+               "|---|---|---:|---:|"]
+  for r in record["rows"]:
+    for c in r["ct2"]:
+      batchings.append(f"| {r['search']} | {c['batch']} per batch | {c['sentences_per_s']:.1f} | "
+                       f"{r['ours_sentences_per_s'] / c['sentences_per_s']:.2f}x |")
   return ["## Results\n",
           f"{record['lines']:,} lines, best of {record['rounds']} rounds, "
           f"{record['threads']} threads each (ours over {record['devices']} JAX "
           f"device(s): `transformer/cpu_devices.py`), parameters of {record['parameters']}.\n",
-          "\n".join(rows) + "\n"]
+          "\n".join(rows) + "\n",
+          "CTranslate2 under each batching (`--ct2_batches`):\n",
+          "\n".join(batchings) + "\n"]
 
 
 if __name__ == "__main__":
@@ -150,6 +190,10 @@ if __name__ == "__main__":
   _THREADS = flags.DEFINE_integer("threads", os.cpu_count() or 1, "CTranslate2's threads.")
   _OUT = flags.DEFINE_string("out", "benchmarks/results/corpus_translation",
                              "Report path without extension (.md and .json are written).")
+  _CT2_BATCHES = flags.DEFINE_string(
+    "ct2_batches", ",".join(f"{k}:{n}" for k, n in CT2_BATCHES),
+    "CTranslate2's batchings, batch_type:max_batch_size (examples or tokens); the ratio is "
+    "against the fastest.")
   _CPU_DEVICES = flags.DEFINE_integer("cpu_devices", None, "JAX CPU devices of ours (default: "
                                       "what --mode=translate takes, cpu_devices.py).")
 
@@ -158,10 +202,14 @@ if __name__ == "__main__":
     from transformer import cpu_devices
 
     try:
+      try:
+        ct2_batches = parse_batches(_CT2_BATCHES.value)
+      except ValueError as e:
+        raise UserError(f"--ct2_batches: {e}") from None
       config = workdir_lib.load(_WORKDIR.value)
       cpu_devices.use(_CPU_DEVICES.value, config, translating=True)
       record = run_benchmark(_WORKDIR.value, _INPUT.value, _LINES.value, _ROUNDS.value,
-                             _THREADS.value)
+                             _THREADS.value, ct2_batches=ct2_batches)
     except UserError as e:
       fail(str(e))
     report.write(_OUT.value, "Translating a corpus: ours against CTranslate2",

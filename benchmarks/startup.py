@@ -13,7 +13,8 @@ Each measurement is a fresh process, as a user's command is:
   search over the whole input with its programs ready;
 - `ctranslate2`: a process that imports CTranslate2 and SentencePiece, loads the exported model
   (`--mode=export --format=ctranslate2`) and translates the same input (`translate_file`, the
-  same beam, float32, the same threads).
+  same beam, float32, the same threads); a file under each of the corpus benchmark's
+  batchings (`corpus_translation.CT2_BATCHES`), the fastest counting.
 
 Cold: an empty compilation cache directory (`--config.compilation_cache_dir`); warm: the same
 directory again, as the user's next command finds it. With `--baseline=DIR`, another checkout
@@ -99,8 +100,9 @@ def probe(workdir: str, cache: str, input_path: str) -> None:
 
 
 def ctranslate2_process(model_dir: str, input_path: str | None, beam: int, threads: int,
-                        max_len: int) -> float:
-  """Seconds of a process that loads CTranslate2 and the model and translates the input."""
+                        max_len: int, batch: tuple[str, int] = ("examples", 64)) -> float:
+  """Seconds of a process that loads CTranslate2 and the model and translates the input,
+  `batch` = (batch_type, max_batch_size)."""
   from transformer.interop.export import SPM_NAME
 
   spm = os.path.join(model_dir, SPM_NAME)
@@ -109,7 +111,8 @@ def ctranslate2_process(model_dir: str, input_path: str | None, beam: int, threa
     f"sp = sentencepiece.SentencePieceProcessor(model_file={spm!r})\n"
     f"t = ctranslate2.Translator({model_dir!r}, device='cpu', compute_type='float32', "
     f"inter_threads=1, intra_threads={threads})\n"
-    "kw = dict(beam_size=%d, max_decoding_length=%d, max_batch_size=64)\n" % (beam, max_len)
+    "kw = dict(beam_size=%d, max_decoding_length=%d, max_batch_size=%d, batch_type=%r)\n"
+    % (beam, max_len, batch[1], batch[0])
     + ("lines = [sys.stdin.readline().strip()]\n"
        "out = t.translate_batch([sp.encode(x, out_type=str) for x in lines], **kw)\n"
        "print(sp.decode(out[0].hypotheses[0]))\n" if input_path is None else
@@ -120,7 +123,7 @@ def ctranslate2_process(model_dir: str, input_path: str | None, beam: int, threa
 
 
 def run(workdir: str, lines: int, threads: int, baseline: str | None = None) -> dict[str, Any]:
-  from benchmarks.corpus_translation import write_numbers_input
+  from benchmarks.corpus_translation import CT2_BATCHES, batch_name, write_numbers_input
   from transformer import infer
   from transformer import workdir as workdir_lib
   from transformer.interop import export
@@ -145,7 +148,11 @@ def run(workdir: str, lines: int, threads: int, baseline: str | None = None) -> 
     parts_cache = os.path.join(scratch, f"parts-{len(rows)}")
     for state in ("cold", "warm"):
       row[f"parts {state}"] = parts(workdir, parts_cache, input_path)
-    row["ctranslate2"] = ctranslate2_process(ct2, input_path, beam, threads, config.model.max_len)
+    batches = [("examples", 64)] if input_path is None else CT2_BATCHES
+    row["ctranslate2 by batch"] = {
+      batch_name(b): ctranslate2_process(ct2, input_path, beam, threads, config.model.max_len, b)
+      for b in batches}
+    row["ctranslate2"] = min(row["ctranslate2 by batch"].values())
     rows.append(row)
   return {"workdir": workdir, "parameters": model.label, "beam": beam, "lines": lines,
           "threads": threads, "rows": rows, "baseline": baseline}
@@ -168,9 +175,16 @@ def report_lines(record: dict[str, Any]) -> list[str]:
           "second process of each kind (its own cold or warm cache), so they add up to about, "
           "not exactly, the whole process's time (which also reads the input, tokenizes and "
           "writes). ours / CTranslate2 is the ratio of sentences per second of the whole "
-          f"processes (above 1: ours is faster). The file needs {count} programs (one per "
-          "padded source length).\n",
+          f"processes (above 1: ours is faster); CTranslate2's is its fastest batching "
+          f"({ct2_batches(record)}). The file needs {count} programs (one per padded source "
+          "length).\n",
           "\n".join(head) + "\n"] + baseline_lines(record)
+
+
+def ct2_batches(record: dict[str, Any]) -> str:
+  """The file's CTranslate2 processes by batching, e.g. '64 sentences 31.2 s, ...'."""
+  by_batch = record["rows"][-1].get("ctranslate2 by batch", {})
+  return ", ".join(f"{name} per batch {secs:.1f} s" for name, secs in by_batch.items())
 
 
 def baseline_lines(record: dict[str, Any]) -> list[str]:

@@ -369,12 +369,23 @@ def test_check_request_refuses_bad_flags_before_work(tmp_path):
 def test_the_corpus_benchmark_translates_the_same_file_with_both(workdir):
   from benchmarks import corpus_translation
 
-  record = corpus_translation.run_benchmark(workdir, None, lines=24, rounds=1, threads=1)
+  batches = (("examples", 8), ("tokens", 256))
+  record = corpus_translation.run_benchmark(workdir, None, lines=24, rounds=1, threads=1,
+                                            ct2_batches=batches)
   assert record["lines"] == 24 and [r["search"] for r in record["rows"]] == ["beam 4", "greedy"]
   for row in record["rows"]:
-    assert row["ours_sentences_per_s"] > 0 and row["ct2_sentences_per_s"] > 0
+    assert row["ours_sentences_per_s"] > 0
+    assert [c["batch"] for c in row["ct2"]] == ["8 sentences", "256 tokens"]
+    # The ratio is against CTranslate2's fastest batching.
+    assert row["ct2_s"] == min(c["s"] for c in row["ct2"])
     assert 0.0 <= row["same_lines"] <= 1.0
-  assert "ours / CTranslate2" in "\n".join(corpus_translation.report_lines(record))
+  report = "\n".join(corpus_translation.report_lines(record))
+  assert "ours / CTranslate2" in report and "256 tokens per batch" in report
+  assert corpus_translation.parse_batches("examples:64,tokens:16384") == (
+    ("examples", 64), ("tokens", 16384))
+  for bad in ("sentences:64", "tokens:0", "tokens"):
+    with pytest.raises(ValueError, match=bad):
+      corpus_translation.parse_batches(bad)
 
 
 def test_noisy_pairs_misaligns_exactly_and_counts_what_the_scores_catch(workdir):
