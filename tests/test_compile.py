@@ -197,26 +197,6 @@ def test_executable_keys_follow_what_a_program_depends_on():
   assert key != compilation.executable_key("p", ("a", 1), [x.astype(jnp.bfloat16)])
 
 
-def test_a_program_compiled_ahead_is_the_one_run():
-  store = compilation.Executables(None)
-  f = jax.jit(lambda x: jnp.sin(x).sum())
-  x = jnp.ones((4, 8))
-  abstract = jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
-  expected = float(np.sin(np.ones((4, 8))).sum())
-  with compilation.CompileCounter() as counter:
-    store.prefetch("f", 1, f, [abstract])
-    store.prefetch("f", 1, f, [abstract])  # asked twice, compiled once
-    out = store.run("f", 1, f, [x])
-  assert float(out) == pytest.approx(expected)
-  assert store.compiled == 1 and counter.compiles == 1
-  # A program that fails to compile ahead fails when it is asked for, and again after.
-  bad = jax.jit(lambda x: x @ x)  # [4, 8] @ [4, 8]
-  store.prefetch("bad", 1, bad, [abstract])
-  for _ in range(2):
-    with pytest.raises(TypeError):
-      store.get("bad", 1, bad, [x])
-
-
 def test_kept_programs_load_in_a_new_process_with_the_same_outputs(tiny_trained, tmp_path):
   """A translation keeps its compiled search programs beside the persistent cache; the next
   process loads them instead of tracing and compiling, with the same outputs; a damaged kept

@@ -614,28 +614,3 @@ def test_a_sentence_alone_gets_the_outputs_and_scores_it_gets_in_a_batch(restore
   np.testing.assert_allclose(translator.score_ids(model.params, pairs[:1]),
                              translator.score_ids(model.params, pairs)[:1], rtol=1e-5, atol=1e-6)
 
-
-def test_a_translation_compiles_each_of_its_programs_once_ahead(workdir):
-  """The programs of every padded length are compiled in the background in the order the
-  batches need them (`Executables.prefetch`), each once, the outputs those of a translation
-  that compiles each program when its first batch comes."""
-  from transformer import compilation
-
-  config = workdir_lib.load(workdir)
-  with config.unlocked():
-    config.decode.batch_size = 8
-  sources = ["seven", "three hundred and twelve thousand four hundred and eleven and then "
-             "nine hundred and ninety-nine thousand"] * 5
-  outputs = {}
-  for ahead in (True, False):
-    model = infer.restore(config, workdir)  # a new Translator: nothing compiled yet
-    translator = model.translator
-    if not ahead:
-      translator._prefetch = lambda *args: None
-    ids = [model.tokenizer.encode(s) for s in sources]
-    lengths = {translator.pad_length(len(i)) for i in ids}
-    assert len(lengths) == 2
-    with compilation.CompileCounter() as counter:
-      outputs[ahead] = translator.translate_ids(model.params, ids)
-    assert counter.compiles <= len(lengths)
-  assert outputs[True] == outputs[False]

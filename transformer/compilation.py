@@ -30,7 +30,7 @@ import platform
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import jax
@@ -275,8 +275,6 @@ class Executables:
     self.loaded = 0
     self.compiled = 0
     self._from_disk: set[str] = set()  # keys of the programs loaded from `directory`
-    self._ahead: dict[str, Future] = {}  # programs being got in the background (`prefetch`)
-    self._worker: ThreadPoolExecutor | None = None
 
   @classmethod
   def beside_persistent_cache(cls) -> Executables:
@@ -291,42 +289,11 @@ class Executables:
     """The compiled `jitted` for `args` (concrete arrays or `jax.ShapeDtypeStruct`s)."""
     return self._get(executable_key(name, parts, args), name, jitted, args)
 
-  def prefetch(self, name: str, parts: Any, jitted: Any, args: Sequence[Any]) -> None:
-    """Starts getting the program `get` would return (loading or compiling it) in a
-    background thread, one program after another in the order asked, so that a caller's
-    later programs compile while its first ones run; `get` and `run` then wait for it."""
-    key = executable_key(name, parts, args)
-    with self._lock:
-      if key in self._programs or key in self._ahead:
-        return
-      if self._worker is None:
-        self._worker = ThreadPoolExecutor(1, thread_name_prefix="compile-ahead")
-      self._ahead[key] = self._worker.submit(self._obtain, key, name, jitted, args)
-
-  def cancel_ahead(self) -> None:
-    """Drops the programs asked for ahead whose compiling has not started (a caller that
-    stops early does not wait for them at exit)."""
-    with self._lock:
-      for key, future in list(self._ahead.items()):
-        if future.cancel():
-          del self._ahead[key]
-
   def _get(self, key: str, name: str, jitted: Any, args: Sequence[Any]) -> Any:
     with self._lock:
       program = self._programs.get(key)
-      ahead = self._ahead.get(key)
     if program is not None:
       return program
-    if ahead is not None:
-      try:
-        return ahead.result()
-      finally:
-        with self._lock:
-          self._ahead.pop(key, None)
-    return self._obtain(key, name, jitted, args)
-
-  def _obtain(self, key: str, name: str, jitted: Any, args: Sequence[Any]) -> Any:
-    """Loads or compiles the program of `key` and holds it for this process."""
     program = self._load(key)
     if program is None:
       if self.directory is None:
@@ -345,7 +312,6 @@ class Executables:
       logging.info("loaded the compiled %s program %s from %s", name, key, self.directory)
     with self._lock:
       self._programs[key] = program
-      self._ahead.pop(key, None)
     return program
 
   def run(self, name: str, parts: Any, jitted: Any, args: Sequence[Any]) -> Any:

@@ -390,18 +390,8 @@ class Translator:
   def _run(self, key: tuple, jitted: Any, args: Sequence[Any]) -> Any:
     """`jitted(*args)` by its compiled program: from this process, from a former one
     (`compilation.Executables`), or compiled now."""
-    return self._executables.run("translator", self._parts(key), jitted, args)
-
-  def _prefetch(self, key: tuple, jitted: Any, args: Sequence[Any]) -> None:
-    """Starts getting the program `_run(key, jitted, args)` will run, in the background."""
-    self._executables.prefetch("translator", self._parts(key), jitted, args)
-
-  def _parts(self, key: tuple) -> tuple:
-    return (key, self.model_config, self.search, self.weights)
-
-  def _abstract(self, shape: tuple[int, ...]) -> jax.ShapeDtypeStruct:
-    """An int32 batch of `shape` as `_global` shards it, for compiling ahead."""
-    return jax.ShapeDtypeStruct(shape, jnp.int32, sharding=sharding_lib.batch_sharding(self.mesh))
+    parts = (key, self.model_config, self.search, self.weights)
+    return self._executables.run("translator", parts, jitted, args)
 
   def stages(self, rows: int, nbest: int) -> tuple[int, ...]:
     """The sentence counts a batch of `rows` sources shrinks to as they stop
@@ -534,41 +524,29 @@ class Translator:
                            f"at most {self.output_limit(len(src))} tokens, EOS included")
     max_src = self.max_len - self.max_extra_len
 
-    plan = []
-    for idx, length in self.batches([len(s) for s in sources]):
-      src_len = min(length, max_src)
-      rows = self.rows_per_batch(length, len(sources))
-      max_len = min(src_len + self.max_extra_len, self.max_len)
-      key = ("decode", nbest, src_len, max_len, prefixes is not None, self.stages(rows, nbest))
-      plan.append((idx, rows, key))
-    # Every program the batches need, compiled in the background in the order they are
-    # needed, while the first ones search.
-    for rows, key in dict.fromkeys((rows, key) for _, rows, key in plan):
-      shapes = [(rows, key[2]), (rows,)] + [(rows, key[3])] * key[4]
-      self._prefetch(key, self._decode_fn(*key[1:]), [params, *map(self._abstract, shapes)])
-
     def dispatched() -> Iterator[tuple[list[int], Any]]:
-      for idx, rows, key in plan:
-        _, _, src_len, max_len, prefixed, _ = key
+      for idx, length in self.batches([len(s) for s in sources]):
+        src_len = min(length, max_src)
+        rows = self.rows_per_batch(length, len(sources))
         arr = self._padded([sources[i] for i in idx], rows, src_len)
         ids = np.zeros((rows,), np.int32)
         ids[: len(idx)] = [sentence_ids[i] for i in idx]
+        max_len = min(src_len + self.max_extra_len, self.max_len)
         args = [params, self._global(arr), self._global(ids)]
-        if prefixed:
+        if prefixes is not None:
           args.append(self._global(self._padded([prefixes[i] for i in idx], rows, max_len)))
+        key = ("decode", nbest, src_len, max_len, prefixes is not None,
+               self.stages(rows, nbest))
         yield idx, self._run(key, self._decode_fn(*key[1:]), args)
 
-    try:
-      for idx, out in read_one_behind(dispatched()):
-        seqs, scores, log_probs = (np.asarray(x) for x in out)
-        for row, i in enumerate(idx):
-          results[i] = [Hypothesis(_until_eos(seqs[row, n]), float(scores[row, n]),
-                                   float(log_probs[row, n]))
-                        for n in range(seqs.shape[1]) if scores[row, n] > -np.inf]
-        if on_batch is not None:
-          on_batch(len(idx))
-    finally:
-      self._executables.cancel_ahead()
+    for idx, out in read_one_behind(dispatched()):
+      seqs, scores, log_probs = (np.asarray(x) for x in out)
+      for row, i in enumerate(idx):
+        results[i] = [Hypothesis(_until_eos(seqs[row, n]), float(scores[row, n]),
+                                 float(log_probs[row, n]))
+                      for n in range(seqs.shape[1]) if scores[row, n] > -np.inf]
+      if on_batch is not None:
+        on_batch(len(idx))
     return results
 
   def _mbr(self, params: Any, sources: Sequence[Sequence[int]], nbest: int,
