@@ -100,7 +100,7 @@ def probe(workdir: str, cache: str, input_path: str) -> None:
 
 
 def ctranslate2_process(model_dir: str, input_path: str | None, beam: int, threads: int,
-                        max_len: int, batch: tuple[str, int] = ("examples", 64)) -> float:
+                        max_len: int, batch: tuple[str, int]) -> float:
   """Seconds of a process that loads CTranslate2 and the model and translates the input,
   `batch` = (batch_type, max_batch_size)."""
   from transformer.interop.export import SPM_NAME
@@ -148,7 +148,8 @@ def run(workdir: str, lines: int, threads: int, baseline: str | None = None) -> 
     parts_cache = os.path.join(scratch, f"parts-{len(rows)}")
     for state in ("cold", "warm"):
       row[f"parts {state}"] = parts(workdir, parts_cache, input_path)
-    batches = [("examples", 64)] if input_path is None else CT2_BATCHES
+    # One sentence is one batch under any batching.
+    batches = CT2_BATCHES[:1] if input_path is None else CT2_BATCHES
     row["ctranslate2 by batch"] = {
       batch_name(b): ctranslate2_process(ct2, input_path, beam, threads, config.model.max_len, b)
       for b in batches}

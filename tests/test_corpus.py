@@ -613,4 +613,3 @@ def test_a_sentence_alone_gets_the_outputs_and_scores_it_gets_in_a_batch(restore
   pairs = [(s, h[0].ids) for s, h in zip(sources, together, strict=True)]
   np.testing.assert_allclose(translator.score_ids(model.params, pairs[:1]),
                              translator.score_ids(model.params, pairs)[:1], rtol=1e-5, atol=1e-6)
-
