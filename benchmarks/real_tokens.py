@@ -3,13 +3,11 @@ default (packed rows), on the numbers corpus and on short natural-language sente
 
     python -m benchmarks.real_tokens --steps=200 --rounds=2
 
-The sentences are the German message catalogues installed on this machine (`--catalogues`,
-`*.mo` read with `gettext.GNUTranslations`): every single-line English message with its German
-translation, both sides 3 to 20 words and free of format placeholders (`%s`, `{}`), the
-English side unique, shuffled with `--seed`, at most `--max_pairs` of them. They are written
-line-aligned as `<workdir>/messages/train.en` and `train.de`, and the report records their
-number, the catalogues read, the mean words per side and the files' SHA-256: another machine
-has other catalogues.
+The sentences are the German message catalogues installed on this machine (`--catalogues`),
+as `benchmarks.messages` reads them (one-line messages of 3 to 20 words without placeholders),
+shuffled with `--seed`, at most `--max_pairs` of them, written line-aligned as
+`<workdir>/messages/train.en` and `train.de`; the report records their number, the catalogues
+read, the mean words per side and the files' SHA-256: another machine has other catalogues.
 
 Each corpus trains with the main program in a child process of its own (`python -m
 transformer.main --config=... --workdir=...`), `--steps` steps, in two layouts:
@@ -37,18 +35,14 @@ The table shows each side's best run and default / buckets. Writes `--out`.md an
 
 from __future__ import annotations
 
-import gettext
-import glob
-import hashlib
 import os
-import random
-import re
 import shutil
 import subprocess
 import sys
 import time
 from typing import Any
 
+from benchmarks.messages import write_messages
 from measuring import measure, report
 from transformer.errors import UserError, fail, flags_parser
 
@@ -58,73 +52,6 @@ WMT_BUCKETS = [16, 24, 32, 48, 64, 96, 128, 192, 256]  # configs/wmt.py's list, 
 # Fields set for a corpus unless the command line sets them: the small model's vocabulary (its
 # 8,000 pieces would spend most of a CPU step on the logits of sentences of a few words).
 DEFAULTS = {"numbers": {}, "messages": {"data.vocab_size": 2000}}
-MIN_WORDS, MAX_WORDS = 3, 20
-# A format placeholder (printf's %, Python's and glib's braces) or a control character
-# (tabs, newlines: the pair is not one line of text).
-_NOT_PLAIN = re.compile(r"[%{}\x00-\x1f\x7f]")
-
-
-# ----------------------------------------------------------------------------- the corpus
-
-
-
-def catalogue_pairs(directory: str) -> tuple[list[tuple[str, str]], dict[str, int]]:
-  """The (English, German) messages of the `*.mo` catalogues in `directory`, in file order.
-
-  Keeps singular messages whose both sides, stripped, are one line of MIN_WORDS..MAX_WORDS
-  words without format placeholders or tabs, with inner spaces collapsed; the first translation
-  of each English message. Returns the pairs and counts: catalogues read, and those that
-  cannot be (a header in another encoding). Raises DataError when `directory` holds no
-  catalogue.
-  """
-  from transformer.data.errors import DataError
-
-  files = sorted(glob.glob(os.path.join(directory, "*.mo")))
-  if not files:
-    raise DataError(f"--catalogues={directory}: no message catalogues (*.mo) there; install "
-                    "some German translations or point --catalogues at a directory of them")
-  pairs: dict[str, str] = {}
-  unreadable = 0
-  for path in files:
-    try:
-      with open(path, "rb") as f:
-        catalogue = gettext.GNUTranslations(f)
-    except (OSError, UnicodeDecodeError, ValueError):
-      unreadable += 1
-      continue
-    # GNUTranslations has no public way to list its messages; `_catalog` maps msgid to msgstr
-    # (plural forms under (msgid, n) keys, the header under '').
-    for msgid, msgstr in catalogue._catalog.items():
-      if not isinstance(msgid, str):
-        continue
-      en, de = msgid.strip(), msgstr.strip()  # a trailing newline is still one line
-      if _NOT_PLAIN.search(en + de):
-        continue
-      en, de = " ".join(en.split()), " ".join(de.split())
-      if all(MIN_WORDS <= len(s.split()) <= MAX_WORDS for s in (en, de)):
-        pairs.setdefault(en, de)
-  return list(pairs.items()), {"catalogues": len(files) - unreadable, "unreadable": unreadable}
-
-
-def write_messages(directory: str, out_dir: str, max_pairs: int, seed: int) -> dict[str, Any]:
-  """The shuffled catalogue pairs (at most `max_pairs`) as `out_dir`/train.en and train.de;
-  returns their description (counts, mean words per side, SHA-256 of each file)."""
-  pairs, counts = catalogue_pairs(directory)
-  random.Random(seed).shuffle(pairs)
-  pairs = pairs[:max_pairs]
-  os.makedirs(out_dir, exist_ok=True)
-  desc: dict[str, Any] = {"catalogue_dir": directory, **counts, "pairs": len(pairs),
-                          "seed": seed, "files": {}}
-  for i, lang in enumerate(("en", "de")):
-    data = "".join(p[i] + "\n" for p in pairs).encode()
-    path = os.path.join(out_dir, f"train.{lang}")
-    with open(path, "wb") as f:
-      f.write(data)
-    desc["files"][lang] = {"path": path, "sha256": hashlib.sha256(data).hexdigest()}
-    desc[f"mean_words_{lang}"] = sum(len(p[i].split()) for p in pairs) / max(len(pairs), 1)
-  return desc
-
-
 # ----------------------------------------------------------------------------- the runs
 
 

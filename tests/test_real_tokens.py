@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from benchmarks import messages
 from benchmarks import real_tokens as rt
 from configs import numbers as numbers_config
 from configs import text as text_config
@@ -60,14 +61,14 @@ def test_catalogues_give_plain_one_line_pairs_of_3_to_20_words(tmp_path):
                                "Save all the documents": "Alle Dokumente speichern"})
   write_mo(tmp_path / "c.mo", {"Keep this one please": "Bitte dieses behalten"},
            header=b"Last-Translator: J\xe4ger\nContent-Type: text/plain; charset=ISO-8859-1\n")
-  pairs, counts = rt.catalogue_pairs(str(tmp_path))
+  pairs, counts = messages.catalogue_pairs(str(tmp_path))
   assert pairs == [("Cannot open the file", "Die Datei kann nicht geöffnet werden"),
                    ("Done with the work", "Fertig mit der Arbeit"),
                    ("Open the window now", "Das Fenster jetzt öffnen"),
                    ("Save all the documents", "Alle Dokumente speichern")]
   assert counts == {"catalogues": 2, "unreadable": 1}
 
-  desc = rt.write_messages(str(tmp_path), str(tmp_path / "out"), max_pairs=2, seed=3)
+  desc = messages.write_messages(str(tmp_path), str(tmp_path / "out"), max_pairs=2, seed=3)
   en = (tmp_path / "out" / "train.en").read_text().splitlines()
   de = (tmp_path / "out" / "train.de").read_text().splitlines()
   assert len(en) == len(de) == desc["pairs"] == 2
@@ -76,8 +77,11 @@ def test_catalogues_give_plain_one_line_pairs_of_3_to_20_words(tmp_path):
     data = (tmp_path / "out" / f"train.{lang}").read_bytes()
     assert desc["files"][lang]["sha256"] == hashlib.sha256(data).hexdigest()
   assert desc["mean_words_en"] == sum(len(s.split()) for s in en) / 2
-  again = rt.write_messages(str(tmp_path), str(tmp_path / "again"), max_pairs=2, seed=3)
+  again = messages.write_messages(str(tmp_path), str(tmp_path / "again"), max_pairs=2, seed=3)
   assert again["files"]["en"]["sha256"] == desc["files"]["en"]["sha256"]  # a seeded shuffle
+  french = messages.write_messages(str(tmp_path), str(tmp_path / "fr"), 2, seed=3, lang="fr")
+  assert (tmp_path / "fr" / "train.fr").read_text().splitlines() == de  # named by its language
+  assert french["files"]["fr"]["sha256"] == desc["files"]["de"]["sha256"]
 
 
 def test_the_buckets_run_sets_wmt_buckets_and_the_default_run_keeps_the_config():
