@@ -13,8 +13,9 @@ is reported apart. The fraction of identical output lines says how alike the sea
 
     python -m benchmarks.corpus_translation --workdir=runs/numbers
 
-Without `--input`, the file is `--lines` English sources of the numbers corpus's test split
-(the default task's model); with it, any text file the workdir's model translates.
+Without `--input`, the file is `--lines` (default 20,000) English sources of the numbers
+corpus's test split (the default task's model); with it, any text file the workdir's model
+translates, whole, or its first `--lines` lines, read again from its start when it has fewer.
 """
 
 from __future__ import annotations
@@ -99,7 +100,22 @@ def batch_name(batch: tuple[str, int]) -> str:
   return f"{batch[1]} {'sentences' if batch[0] == 'examples' else 'tokens'}"
 
 
-def run_benchmark(workdir: str, input_path: str | None, lines: int, rounds: int,
+def write_lines_of(source: str, path: str, lines: int) -> None:
+  """The first `lines` lines of the text file `source` into `path`, reading `source` again
+  from its start as often as it takes.
+
+  Raises:
+    UserError: `source` holds no line.
+  """
+  with open(source) as f:
+    text = [line.rstrip("\n") + "\n" for line in f]
+  if not text:
+    raise UserError(f"--input={source}: the file is empty")
+  with open(path, "w") as f:
+    f.writelines(text[i % len(text)] for i in range(lines))
+
+
+def run_benchmark(workdir: str, input_path: str | None, lines: int | None, rounds: int,
                   threads: int, searches: dict[str, dict[str, Any]] = SEARCHES,
                   ct2_batches: tuple[tuple[str, int], ...] = CT2_BATCHES) -> dict[str, Any]:
   """Times both over the same file per search; returns the record for the report."""
@@ -108,14 +124,19 @@ def run_benchmark(workdir: str, input_path: str | None, lines: int, rounds: int,
   if workdir_lib.load(workdir) is None:
     raise UserError(f"--workdir={workdir}: no {workdir_lib.CONFIG}; train it first")
   scratch = tempfile.mkdtemp(prefix="corpus-bench-")
+  source = input_path
   if input_path is None:
     input_path = os.path.join(scratch, "input.txt")
-    write_numbers_input(input_path, lines)
+    write_numbers_input(input_path, 20000 if lines is None else lines)
+  elif lines is not None:
+    input_path = os.path.join(scratch, "input.txt")
+    write_lines_of(source, input_path, lines)
   count = files.count_lines(input_path)
   import jax
 
   record: dict[str, Any] = {"lines": count, "rounds": rounds, "threads": threads,
-                            "devices": jax.device_count(), "rows": []}
+                            "devices": jax.device_count(), "rows": [],
+                            "input": source or "the numbers corpus's test split"}
   exported = None
   for name, fields in searches.items():
     config = workdir_lib.load(workdir)
@@ -150,6 +171,7 @@ def run_benchmark(workdir: str, input_path: str | None, lines: int, rounds: int,
       "ct2_fastest": fastest, "ct2_s": best[fastest], "ct2_sentences_per_s": count / best[fastest],
       "ratio": best[fastest] / best["ours"], "same_lines": same[fastest], "times": times})
   record["parameters"] = model.label
+  record["workdir"] = workdir
   return record
 
 
@@ -168,7 +190,8 @@ def report_lines(record: dict[str, Any]) -> list[str]:
       batchings.append(f"| {r['search']} | {c['batch']} per batch | {c['sentences_per_s']:.1f} | "
                        f"{r['ours_sentences_per_s'] / c['sentences_per_s']:.2f}x |")
   return ["## Results\n",
-          f"{record['lines']:,} lines, best of {record['rounds']} rounds, "
+          f"{record['lines']:,} lines of {record.get('input', 'the numbers test split')}, "
+          f"workdir {record.get('workdir', 'runs/numbers')}, best of {record['rounds']} rounds, "
           f"{record['threads']} threads each (ours over {record['devices']} JAX "
           f"device(s): `transformer/cpu_devices.py`), parameters of {record['parameters']}.\n",
           "\n".join(rows) + "\n",
@@ -185,7 +208,10 @@ if __name__ == "__main__":
   _WORKDIR = flags.DEFINE_string("workdir", "runs/numbers", "A trained workdir.")
   _INPUT = flags.DEFINE_string("input", None, "A file to translate (default: --lines "
                                "numbers sentences).")
-  _LINES = flags.DEFINE_integer("lines", 20000, "Sentences of the generated input.")
+  _LINES = flags.DEFINE_integer("lines", None, "Sentences to translate: of the generated "
+                                "input (default 20,000), or the first of --input's (default: "
+                                "all), read again from its start when it has fewer.",
+                                lower_bound=1)
   _ROUNDS = flags.DEFINE_integer("rounds", 2, "Timed rounds of each (the best counts).")
   _THREADS = flags.DEFINE_integer("threads", os.cpu_count() or 1, "CTranslate2's threads.")
   _OUT = flags.DEFINE_string("out", "benchmarks/results/corpus_translation",

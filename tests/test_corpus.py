@@ -16,6 +16,7 @@ from transformer import workdir as workdir_lib
 from transformer.data import numbers as nb
 from transformer.data import vocabulary
 from transformer.decoding import files
+from transformer.errors import UserError
 
 # Most tests here run a command or train a model: `-m 'not slow'` leaves the whole file out.
 pytestmark = pytest.mark.slow
@@ -386,6 +387,18 @@ def test_the_corpus_benchmark_translates_the_same_file_with_both(workdir):
   for bad in ("sentences:64", "tokens:0", "tokens"):
     with pytest.raises(ValueError, match=bad):
       corpus_translation.parse_batches(bad)
+
+
+def test_the_corpus_benchmark_reads_a_short_input_again_from_its_start(tmp_path):
+  from benchmarks import corpus_translation
+
+  (tmp_path / "in.txt").write_text("one\ntwo\nthree")  # no newline at the end
+  corpus_translation.write_lines_of(str(tmp_path / "in.txt"), str(tmp_path / "out.txt"), 7)
+  assert (tmp_path / "out.txt").read_text().splitlines() == [
+    "one", "two", "three", "one", "two", "three", "one"]
+  (tmp_path / "empty.txt").write_text("")
+  with pytest.raises(UserError, match="empty.txt: the file is empty"):
+    corpus_translation.write_lines_of(str(tmp_path / "empty.txt"), str(tmp_path / "x"), 3)
 
 
 def test_noisy_pairs_misaligns_exactly_and_counts_what_the_scores_catch(workdir):
