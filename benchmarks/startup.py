@@ -22,6 +22,10 @@ of the project (an earlier commit in a `git worktree`) runs the same whole proce
 same run, for a before-and-after ratio.
 
     python -m benchmarks.startup --workdir=runs/numbers [--lines=20000] [--baseline=/tmp/old]
+
+The file is `--lines` sentences of the numbers corpus's test split, or of `--input` (its first
+`--lines`, read again from its start when it has fewer: `corpus_translation.write_lines_of`);
+the one sentence is the file's first.
 """
 
 from __future__ import annotations
@@ -48,22 +52,23 @@ def _timed(cmd: list[str], stdin: str | None = None, repo: str = REPO) -> tuple[
 
 
 def whole(workdir: str, cache: str, input_path: str | None, output: str | None,
-          repo: str = REPO) -> float:
-  """Seconds of one `--mode=translate` process (one sentence from stdin when no input) of the
+          repo: str = REPO, sentence: str = SENTENCE) -> float:
+  """Seconds of one `--mode=translate` process (`sentence` from stdin when no input) of the
   checkout `repo`."""
   cmd = [sys.executable, "-m", "transformer.main", "--mode=translate",
          f"--workdir={os.path.abspath(workdir)}", f"--config.compilation_cache_dir={cache}"]
   if input_path is None:
-    return _timed(cmd, SENTENCE + "\n", repo)[0]
+    return _timed(cmd, sentence + "\n", repo)[0]
   if os.path.exists(output):
     os.remove(output)
   return _timed([*cmd, f"--input={input_path}", f"--output={output}"], repo=repo)[0]
 
 
-def parts(workdir: str, cache: str, input_path: str | None) -> dict[str, float]:
-  """The steps of translation timed one by one in a child process (`probe`)."""
+def parts(workdir: str, cache: str, input_path: str) -> dict[str, float]:
+  """The steps of translation of the file `input_path` timed one by one in a child process
+  (`probe`)."""
   _, out = _timed([sys.executable, "-m", "benchmarks.startup", "--probe", workdir, cache,
-                   input_path or ""])
+                   input_path])
   return json.loads(out.strip().splitlines()[-1])
 
 
@@ -81,7 +86,7 @@ def probe(workdir: str, cache: str, input_path: str) -> None:
   cpu_devices.use(None, config, translating=True)  # the devices --mode=translate takes
   model = infer.restore(config, workdir)
   t2 = time.perf_counter()
-  lines = [SENTENCE] if not input_path else open(input_path).read().splitlines()
+  lines = open(input_path).read().splitlines()
   encoder = SourceEncoder(model.tokenizer, tags(config), config.decode.get("tag", ""))
   sources = [encoder.encode(line) for line in lines]
   # Every program the input needs, by a batch of one sentence of each padded length, each on
@@ -100,9 +105,9 @@ def probe(workdir: str, cache: str, input_path: str) -> None:
 
 
 def ctranslate2_process(model_dir: str, input_path: str | None, beam: int, threads: int,
-                        max_len: int, batch: tuple[str, int]) -> float:
-  """Seconds of a process that loads CTranslate2 and the model and translates the input,
-  `batch` = (batch_type, max_batch_size)."""
+                        max_len: int, batch: tuple[str, int], sentence: str = SENTENCE) -> float:
+  """Seconds of a process that loads CTranslate2 and the model and translates the input
+  (`sentence` from stdin when none), `batch` = (batch_type, max_batch_size)."""
   from transformer.interop.export import SPM_NAME
 
   spm = os.path.join(model_dir, SPM_NAME)
@@ -119,43 +124,61 @@ def ctranslate2_process(model_dir: str, input_path: str | None, beam: int, threa
        f"t.translate_file({input_path!r}, {input_path + '.ct2'!r}, "
        "source_tokenize_fn=lambda s: sp.encode(s.strip(), out_type=str), "
        "target_detokenize_fn=lambda p: sp.decode(p), **kw)\n"))
-  return _timed([sys.executable, "-c", script], SENTENCE + "\n")[0]
+  return _timed([sys.executable, "-c", script], sentence + "\n")[0]
 
 
-def run(workdir: str, lines: int, threads: int, baseline: str | None = None) -> dict[str, Any]:
-  from benchmarks.corpus_translation import CT2_BATCHES, batch_name, write_numbers_input
+def run(workdir: str, lines: int, threads: int, baseline: str | None = None,
+        input_path: str | None = None) -> dict[str, Any]:
+  from benchmarks.corpus_translation import (
+    CT2_BATCHES,
+    batch_name,
+    write_lines_of,
+    write_numbers_input,
+  )
   from transformer import infer
   from transformer import workdir as workdir_lib
   from transformer.interop import export
 
   scratch = tempfile.mkdtemp(prefix="startup-bench-")
   corpus = os.path.join(scratch, "input.txt")
-  write_numbers_input(corpus, lines)
+  if input_path is None:
+    write_numbers_input(corpus, lines)
+  else:
+    write_lines_of(input_path, corpus, lines)
+  with open(corpus) as f:
+    sentence = f.readline().strip()
+  one = os.path.join(scratch, "one.txt")
+  with open(one, "w") as f:
+    f.write(sentence + "\n")
   config = workdir_lib.load(workdir)
   model = infer.restore(config, workdir)
   ct2 = export.export_restored(model, os.path.join(scratch, "ct2"))
   beam = model.translator.beam_size if model.translator.search.method == "beam" else 1
   rows = []
-  for name, input_path in (("one sentence", None), (f"{lines:,} lines", corpus)):
+  for name, path in (("one sentence", None), (f"{lines:,} lines", corpus)):
     cache = os.path.join(scratch, f"cache-{len(rows)}")
     row = {"input": name}
     for state in ("cold", "warm"):
-      row[f"whole {state}"] = whole(workdir, cache, input_path, os.path.join(scratch, "out"))
+      row[f"whole {state}"] = whole(workdir, cache, path, os.path.join(scratch, "out"),
+                                    sentence=sentence)
     if baseline:
       for state in ("cold", "warm"):
-        row[f"baseline {state}"] = whole(workdir, cache + "-baseline", input_path,
-                                         os.path.join(scratch, "out"), repo=baseline)
+        row[f"baseline {state}"] = whole(workdir, cache + "-baseline", path,
+                                         os.path.join(scratch, "out"), repo=baseline,
+                                         sentence=sentence)
     parts_cache = os.path.join(scratch, f"parts-{len(rows)}")
     for state in ("cold", "warm"):
-      row[f"parts {state}"] = parts(workdir, parts_cache, input_path)
+      row[f"parts {state}"] = parts(workdir, parts_cache, path or one)
     # One sentence is one batch under any batching.
-    batches = CT2_BATCHES[:1] if input_path is None else CT2_BATCHES
+    batches = CT2_BATCHES[:1] if path is None else CT2_BATCHES
     row["ctranslate2 by batch"] = {
-      batch_name(b): ctranslate2_process(ct2, input_path, beam, threads, config.model.max_len, b)
+      batch_name(b): ctranslate2_process(ct2, path, beam, threads, config.model.max_len, b,
+                                         sentence)
       for b in batches}
     row["ctranslate2"] = min(row["ctranslate2 by batch"].values())
     rows.append(row)
   return {"workdir": workdir, "parameters": model.label, "beam": beam, "lines": lines,
+          "input": input_path or "the numbers corpus's test split", "sentence": sentence,
           "threads": threads, "rows": rows, "baseline": baseline}
 
 
@@ -171,7 +194,9 @@ def report_lines(record: dict[str, Any]) -> list[str]:
                   f"{p['restore']:.2f} | {p['programs']:.2f} | {p['search']:.2f} | "
                   f"{r['ctranslate2']:.2f} | {r['ctranslate2'] / r[f'whole {state}']:.2f}x |")
   return ["## Results\n",
-          f"Model: {record['workdir']} ({record['parameters']}), beam {record['beam']}; "
+          f"Model: {record['workdir']} ({record['parameters']}), beam {record['beam']}; the file: "
+          f"{record['lines']:,} lines of {record.get('input', 'the numbers test split')}, the one "
+          f"sentence its first ({record.get('sentence', SENTENCE)!r}); "
           f"CTranslate2 float32, {record['threads']} threads. Seconds; the parts come from a "
           "second process of each kind (its own cold or warm cache), so they add up to about, "
           "not exactly, the whole process's time (which also reads the input, tokenizes and "
@@ -210,10 +235,12 @@ if __name__ == "__main__":
   from absl import app, flags
 
   from measuring import report
-  from transformer.errors import flags_parser
+  from transformer.errors import UserError, fail, flags_parser
 
   _WORKDIR = flags.DEFINE_string("workdir", "runs/numbers", "A trained workdir.")
-  _LINES = flags.DEFINE_integer("lines", 20000, "Sentences of the file.")
+  _LINES = flags.DEFINE_integer("lines", 20000, "Sentences of the file.", lower_bound=1)
+  _INPUT = flags.DEFINE_string("input", None, "The file's sentences (default: the numbers "
+                               "corpus's test split).")
   _THREADS = flags.DEFINE_integer("threads", os.cpu_count() or 1, "CTranslate2's threads.")
   _BASELINE = flags.DEFINE_string("baseline", None, "Another checkout (e.g. a git worktree of "
                                   "an earlier commit) timed the same way, for a before-and-after "
@@ -223,7 +250,10 @@ if __name__ == "__main__":
 
   def main(argv: list[str]) -> None:
     del argv
-    record = run(_WORKDIR.value, _LINES.value, _THREADS.value, _BASELINE.value)
+    try:
+      record = run(_WORKDIR.value, _LINES.value, _THREADS.value, _BASELINE.value, _INPUT.value)
+    except UserError as e:
+      fail(str(e))
     report.write(_OUT.value, "Start-up and compiling of translation, against CTranslate2",
                  __doc__.split("\n\n")[1], report.public_command(report.command_line()),
                  report_lines(record), record)
