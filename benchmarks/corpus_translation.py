@@ -216,6 +216,9 @@ if __name__ == "__main__":
   _THREADS = flags.DEFINE_integer("threads", os.cpu_count() or 1, "CTranslate2's threads.")
   _OUT = flags.DEFINE_string("out", "benchmarks/results/corpus_translation",
                              "Report path without extension (.md and .json are written).")
+  _SECTION = flags.DEFINE_string("section", None, "The report's section this run writes (a "
+                                 "model or CPU kind), keeping the others; default: the whole "
+                                 "report.")
   _CT2_BATCHES = flags.DEFINE_string(
     "ct2_batches", ",".join(f"{k}:{n}" for k, n in CT2_BATCHES),
     "CTranslate2's batchings, batch_type:max_batch_size (examples or tokens); the ratio is "
@@ -240,7 +243,7 @@ if __name__ == "__main__":
       fail(str(e))
     report.write(_OUT.value, "Translating a corpus: ours against CTranslate2",
                  __doc__.split("\n\n")[1], report.public_command(report.command_line()),
-                 report_lines(record), record)
+                 report_lines(record), record, section=_SECTION.value)
     print("\n".join(report_lines(record)))
 
   app.run(main, flags_parser=flags_parser())

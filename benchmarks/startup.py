@@ -247,6 +247,9 @@ if __name__ == "__main__":
                                   "ratio.")
   _OUT = flags.DEFINE_string("out", "benchmarks/results/startup",
                              "Report path without extension (.md and .json are written).")
+  _SECTION = flags.DEFINE_string("section", None, "The report's section this run writes (a "
+                                 "model or CPU kind), keeping the others; default: the whole "
+                                 "report.")
 
   def main(argv: list[str]) -> None:
     del argv
@@ -256,7 +259,7 @@ if __name__ == "__main__":
       fail(str(e))
     report.write(_OUT.value, "Start-up and compiling of translation, against CTranslate2",
                  __doc__.split("\n\n")[1], report.public_command(report.command_line()),
-                 report_lines(record), record)
+                 report_lines(record), record, section=_SECTION.value)
     print("\n".join(report_lines(record)))
 
   app.run(main, flags_parser=flags_parser())
