@@ -14,7 +14,7 @@ Each measurement is a fresh process, as a user's command is:
 - `ctranslate2`: a process that imports CTranslate2 and SentencePiece, loads the exported model
   (`--mode=export --format=ctranslate2`) and translates the same input (`translate_file`, the
   same beam, float32, the same threads); a file under each of the corpus benchmark's
-  batchings (`corpus_translation.CT2_BATCHES`), the fastest counting.
+  batchings (`--ct2_batches`, default `corpus_translation.CT2_BATCHES`), the fastest counting.
 
 Cold: an empty compilation cache directory (`--config.compilation_cache_dir`); warm: the same
 directory again, as the user's next command finds it. With `--baseline=DIR`, another checkout
@@ -128,7 +128,8 @@ def ctranslate2_process(model_dir: str, input_path: str | None, beam: int, threa
 
 
 def run(workdir: str, lines: int, threads: int, baseline: str | None = None,
-        input_path: str | None = None) -> dict[str, Any]:
+        input_path: str | None = None,
+        ct2_batches: tuple[tuple[str, int], ...] | None = None) -> dict[str, Any]:
   from benchmarks.corpus_translation import (
     CT2_BATCHES,
     batch_name,
@@ -170,7 +171,8 @@ def run(workdir: str, lines: int, threads: int, baseline: str | None = None,
     for state in ("cold", "warm"):
       row[f"parts {state}"] = parts(workdir, parts_cache, path or one)
     # One sentence is one batch under any batching.
-    batches = CT2_BATCHES[:1] if path is None else CT2_BATCHES
+    all_batches = ct2_batches or CT2_BATCHES
+    batches = all_batches[:1] if path is None else all_batches
     row["ctranslate2 by batch"] = {
       batch_name(b): ctranslate2_process(ct2, path, beam, threads, config.model.max_len, b,
                                          sentence)
@@ -247,14 +249,24 @@ if __name__ == "__main__":
                                   "ratio.")
   _OUT = flags.DEFINE_string("out", "benchmarks/results/startup",
                              "Report path without extension (.md and .json are written).")
+  _CT2_BATCHES = flags.DEFINE_string(
+    "ct2_batches", None, "CTranslate2's batchings of the file, batch_type:max_batch_size "
+    "(default: the corpus benchmark's); the fastest counts, one sentence takes the first.")
   _SECTION = flags.DEFINE_string("section", None, "The report's section this run writes (a "
                                  "model or CPU kind), keeping the others; default: the whole "
                                  "report.")
 
   def main(argv: list[str]) -> None:
     del argv
+    from benchmarks.corpus_translation import parse_batches
+
     try:
-      record = run(_WORKDIR.value, _LINES.value, _THREADS.value, _BASELINE.value, _INPUT.value)
+      try:
+        batches = parse_batches(_CT2_BATCHES.value) if _CT2_BATCHES.value else None
+      except ValueError as e:
+        raise UserError(f"--ct2_batches: {e}") from None
+      record = run(_WORKDIR.value, _LINES.value, _THREADS.value, _BASELINE.value, _INPUT.value,
+                   batches)
     except UserError as e:
       fail(str(e))
     report.write(_OUT.value, "Start-up and compiling of translation, against CTranslate2",
