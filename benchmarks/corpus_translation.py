@@ -190,8 +190,8 @@ def report_lines(record: dict[str, Any]) -> list[str]:
       batchings.append(f"| {r['search']} | {c['batch']} per batch | {c['sentences_per_s']:.1f} | "
                        f"{r['ours_sentences_per_s'] / c['sentences_per_s']:.2f}x |")
   return ["## Results\n",
-          f"{record['lines']:,} lines of {record.get('input', 'the numbers test split')}, "
-          f"workdir {record.get('workdir', 'runs/numbers')}, best of {record['rounds']} rounds, "
+          f"{record['lines']:,} lines of {record['input']}, "
+          f"workdir {record['workdir']}, best of {record['rounds']} rounds, "
           f"{record['threads']} threads each (ours over {record['devices']} JAX "
           f"device(s): `transformer/cpu_devices.py`), parameters of {record['parameters']}.\n",
           "\n".join(rows) + "\n",

@@ -39,7 +39,6 @@ import time
 from typing import Any
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SENTENCE = "three hundred and forty-seven and then twelve"
 
 
 def _timed(cmd: list[str], stdin: str | None = None, repo: str = REPO) -> tuple[float, str]:
@@ -52,7 +51,7 @@ def _timed(cmd: list[str], stdin: str | None = None, repo: str = REPO) -> tuple[
 
 
 def whole(workdir: str, cache: str, input_path: str | None, output: str | None,
-          repo: str = REPO, sentence: str = SENTENCE) -> float:
+          repo: str = REPO, *, sentence: str) -> float:
   """Seconds of one `--mode=translate` process (`sentence` from stdin when no input) of the
   checkout `repo`."""
   cmd = [sys.executable, "-m", "transformer.main", "--mode=translate",
@@ -105,7 +104,7 @@ def probe(workdir: str, cache: str, input_path: str) -> None:
 
 
 def ctranslate2_process(model_dir: str, input_path: str | None, beam: int, threads: int,
-                        max_len: int, batch: tuple[str, int], sentence: str = SENTENCE) -> float:
+                        max_len: int, batch: tuple[str, int], sentence: str) -> float:
   """Seconds of a process that loads CTranslate2 and the model and translates the input
   (`sentence` from stdin when none), `batch` = (batch_type, max_batch_size)."""
   from transformer.interop.export import SPM_NAME
@@ -155,6 +154,7 @@ def run(workdir: str, lines: int, threads: int, baseline: str | None = None,
   model = infer.restore(config, workdir)
   ct2 = export.export_restored(model, os.path.join(scratch, "ct2"))
   beam = model.translator.beam_size if model.translator.search.method == "beam" else 1
+  all_batches = ct2_batches or CT2_BATCHES
   rows = []
   for name, path in (("one sentence", None), (f"{lines:,} lines", corpus)):
     cache = os.path.join(scratch, f"cache-{len(rows)}")
@@ -171,7 +171,6 @@ def run(workdir: str, lines: int, threads: int, baseline: str | None = None,
     for state in ("cold", "warm"):
       row[f"parts {state}"] = parts(workdir, parts_cache, path or one)
     # One sentence is one batch under any batching.
-    all_batches = ct2_batches or CT2_BATCHES
     batches = all_batches[:1] if path is None else all_batches
     row["ctranslate2 by batch"] = {
       batch_name(b): ctranslate2_process(ct2, path, beam, threads, config.model.max_len, b,
@@ -197,8 +196,8 @@ def report_lines(record: dict[str, Any]) -> list[str]:
                   f"{r['ctranslate2']:.2f} | {r['ctranslate2'] / r[f'whole {state}']:.2f}x |")
   return ["## Results\n",
           f"Model: {record['workdir']} ({record['parameters']}), beam {record['beam']}; the file: "
-          f"{record['lines']:,} lines of {record.get('input', 'the numbers test split')}, the one "
-          f"sentence its first ({record.get('sentence', SENTENCE)!r}); "
+          f"{record['lines']:,} lines of {record['input']}, the one "
+          f"sentence its first ({record['sentence']!r}); "
           f"CTranslate2 float32, {record['threads']} threads. Seconds; the parts come from a "
           "second process of each kind (its own cold or warm cache), so they add up to about, "
           "not exactly, the whole process's time (which also reads the input, tokenizes and "
