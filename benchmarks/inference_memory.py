@@ -47,7 +47,8 @@ def write_workdir(workdir: str, data_dir: str) -> dict[str, Any]:
   from transformer import sharding as sharding_lib
   from transformer import workdir as workdir_lib
   from transformer.data import bucketing, input_pipeline, vocabulary
-  from transformer.training.checkpoint import Checkpointer, run_meta
+  from transformer.training.checkpoint import Checkpointer
+  from transformer.training.run_meta import run_meta
   from transformer.training.trainer import Trainer
   from transformer.training.validate import validate
 

@@ -12,7 +12,7 @@ from measuring import measure
 from tests.test_sharding import make_trainer
 from transformer import sharding as sharding_lib
 from transformer.errors import ConfigError
-from transformer.training.checkpoint import check_meta, run_meta
+from transformer.training.run_meta import check_meta, run_meta
 from transformer.training.train_state import loss_sums, make_train_step, split_micro_batches
 from transformer.training.validate import validate
 

@@ -19,7 +19,8 @@ from tests.test_train import TINY, read_metrics, run_main
 from transformer import sharding as sharding_lib
 from transformer.errors import CheckpointError, ConfigError
 from transformer.schedules import learning_rate_schedule, paper_schedule
-from transformer.training.checkpoint import Checkpointer, check_meta, run_meta
+from transformer.training.checkpoint import Checkpointer
+from transformer.training.run_meta import check_meta, run_meta
 from transformer.training.train_state import (
   EmaTrainState,
   TrainState,

@@ -53,7 +53,8 @@ from transformer.data.marian_tokenizer import MarianTokenizer
 from transformer.errors import ConfigError, UserError
 from transformer.interop import safetensors_file
 from transformer.nn.model import ModelConfig, sinusoidal_positions
-from transformer.training.checkpoint import Checkpointer, run_meta
+from transformer.training.checkpoint import Checkpointer
+from transformer.training.run_meta import run_meta
 from transformer.training.train_state import TrainState
 from transformer.training.trainer import Trainer
 from transformer.training.validate import validate

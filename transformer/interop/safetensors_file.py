@@ -36,6 +36,11 @@ def read(path: str | os.PathLike) -> dict[str, np.ndarray]:
   Raises:
     UserError: one line naming the file, when it is missing, cut short or not safetensors.
   """
+  return read_with_metadata(path)[0]
+
+
+def read_with_metadata(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+  """`read`'s tensors and the file's string metadata ({} if it has none)."""
   try:
     data = storage.as_path(path).read_bytes()
   except FileNotFoundError:
@@ -58,7 +63,10 @@ def read(path: str | os.PathLike) -> dict[str, np.ndarray]:
     if name == METADATA:
       continue
     tensors[name] = _tensor(body, name, entry, path)
-  return tensors
+  metadata = header.get(METADATA) or {}
+  if not isinstance(metadata, dict):
+    raise UserError(f"{path}: the safetensors {METADATA} entry is not a JSON object")
+  return tensors, metadata
 
 
 def _tensor(body: memoryview, name: str, entry: object, path: str | os.PathLike) -> np.ndarray:

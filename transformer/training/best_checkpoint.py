@@ -21,7 +21,6 @@ from typing import Any
 from absl import logging
 
 from transformer import workdir as workdir_lib
-from transformer.training.checkpoint import Checkpointer
 
 MODES = ("max", "min")
 
@@ -93,6 +92,10 @@ class BestCheckpoint:
   """
 
   def __init__(self, workdir: str):
+    # Imported here: the config's validation reads this module's MODES, and must not import
+    # Orbax (a translation whose parameters were kept never needs it: `parameter_cache`).
+    from transformer.training.checkpoint import Checkpointer
+
     self.checkpointer = Checkpointer(workdir_lib.paths(workdir).best, None, async_save=False)
 
   def save(self, step: int, state: Any, meta: dict[str, Any], tracker: Tracker) -> None:

@@ -5,7 +5,7 @@ checkpoint is taken if it keeps one, else its newest. The new run takes its para
 (`config.init_from_optimizer=True`: its Adam moments too), starts at step 0 with a fresh
 optimizer and this config's schedule, and uses the source's vocabulary, copied into the new
 workdir before anything else would train one. The model must be the source's: a model field
-that differs (other than how the computation is done: `checkpoint.COMPATIBLE_FIELDS`, e.g.
+that differs (other than how the computation is done: `run_meta.COMPATIBLE_FIELDS`, e.g.
 dropout) or another `data.vocab_size` is one line naming the field.
 
 Only the first start of a run reads the source; a restarted run resumes from its own
@@ -29,7 +29,8 @@ from transformer import workdir as workdir_lib
 from transformer.errors import CheckpointError, ConfigError, show
 from transformer.nn.model import ModelConfig
 from transformer.training import parameters
-from transformer.training.checkpoint import COMPATIBLE_FIELDS, Checkpointer, check_meta
+from transformer.training.checkpoint import Checkpointer
+from transformer.training.run_meta import COMPATIBLE_FIELDS, check_meta
 from transformer.training.train_state import EmaTrainState, optimizer_value
 
 # The vocabulary's key to the corpus it was trained on (vocabulary.get_tokenizer): the new

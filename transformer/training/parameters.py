@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -30,11 +30,17 @@ from transformer import sharding as sharding_lib
 from transformer import workdir as workdir_lib
 from transformer.data import vocabulary
 from transformer.errors import CheckpointError, UserError
-from transformer.training.best_checkpoint import BestCheckpoint
-from transformer.training.checkpoint import Checkpointer, check_meta, run_meta
 from transformer.training.layout import ModelLayout
+from transformer.training.parameter_cache import ParameterCache
+from transformer.training.run_meta import check_meta, run_meta
 from transformer.training.train_state import optimizer_value
 from transformer.training.validate import validate
+
+if TYPE_CHECKING:
+  from transformer.training.checkpoint import Checkpointer
+
+# Orbax (transformer/training/checkpoint.py) is imported where checkpoints are read, not here: a
+# command whose parameters were kept (`parameter_cache`) never pays for importing it.
 
 # The part of a checkpoint's train state that holds what inference uses.
 PARAMS, EMA_PARAMS = "params", "ema_params"
@@ -54,6 +60,8 @@ class Selected:
   latest: bool = False
 
   def checkpointer(self) -> Checkpointer:
+    from transformer.training.checkpoint import Checkpointer
+
     return Checkpointer(self.directory, None, async_save=False)
 
 
@@ -65,6 +73,8 @@ def has_best(workdir: str) -> bool:
 def _steps(directory: epath.Path) -> list[int]:
   if not directory.is_dir():
     return []
+  from transformer.training.checkpoint import Checkpointer
+
   checkpointer = Checkpointer(directory, None, async_save=False)
   try:
     return checkpointer.all_steps()
@@ -85,6 +95,8 @@ def select(workdir: str, choice: workdir_lib.Choice) -> Selected:
       raise CheckpointError(
         f"--checkpoint=best: no best checkpoint in {files.best}; training keeps one when "
         "config.best_checkpoint.metric is set (e.g. 'eval/bleu')")
+    from transformer.training.best_checkpoint import BestCheckpoint
+
     best = BestCheckpoint(workdir)
     try:
       step = best.step()
@@ -119,7 +131,7 @@ def restore(layout: ModelLayout, selected: Selected, meta: dict[str, Any], *,
   Args:
     layout: the model's layout (its abstract parameters are the restore target).
     selected: from `select`.
-    meta: what the checkpoints must agree on (`checkpoint.run_meta` of this config and
+    meta: what the checkpoints must agree on (`run_meta.run_meta` of this config and
       vocabulary); checked before anything is read.
     ema: read the parameters' moving average (`optimizer.ema_decay` > 0) instead of the
       parameters; a checkpoint kept with the other setting is refused.
@@ -140,7 +152,9 @@ def restore(layout: ModelLayout, selected: Selected, meta: dict[str, Any], *,
       if len(selected.steps) == 1:
         return params
       total = _to_float32(params) if total is None else _add_float32(total, params)
-    return _divide(total, np.float32(len(selected.steps)))
+    # The mean's shardings as the layout declares them (the jitted sum may pick equivalent
+    # ones), so that programs compiled for these parameters are found again by their key.
+    return jax.device_put(_divide(total, np.float32(len(selected.steps))), layout.param_shardings)
   finally:
     checkpointer.close()
 
@@ -210,12 +224,23 @@ def restore_model(config: Any, workdir: str, choice: workdir_lib.Choice,
   if tokenizer is None:
     raise CheckpointError(f"{workdir_lib.paths(workdir).vocab} not found: train first with "
                           f"--mode=train --workdir={workdir} (or import a model, --mode=import)")
-  selected = select(workdir, choice)
   layout = ModelLayout(config, mesh or sharding_lib.make_mesh(config.mesh), model_config)
   ema = optimizer_value(config, "ema_decay") > 0
-  params = restore(layout, selected, run_meta(config, model_config, tokenizer.sha256), ema=ema)
-  return Model(tokenizer, layout, params, selected.label + (" (EMA)" if ema else ""),
-               max(selected.steps))
+  meta = run_meta(config, model_config, tokenizer.sha256)
+  # Kept by an earlier process from the same checkpoint files: read without Orbax.
+  cache = ParameterCache.beside_persistent_cache()
+  key = cache.key(workdir, choice, meta, ema, layout.abstract_params)
+  kept = cache.load(key, layout.abstract_params)
+  if kept is not None:
+    params, label, step = kept
+    logging.info("parameters (%s) read from %s, kept by an earlier process", label,
+                 cache.directory)
+    return Model(tokenizer, layout, params, label, step)
+  selected = select(workdir, choice)
+  params = restore(layout, selected, meta, ema=ema)
+  label, step = selected.label + (" (EMA)" if ema else ""), max(selected.steps)
+  cache.keep(key, params, label, step)
+  return Model(tokenizer, layout, params, label, step)
 
 
 def parse_member(spec: str) -> tuple[str, str | None]:

@@ -32,7 +32,8 @@ from transformer.nn.model_family import count_params
 from transformer.profiling import Profiler
 from transformer.training import evaluators, finetune, parameters
 from transformer.training.best_checkpoint import BestCheckpoint, Tracker, log_improvement
-from transformer.training.checkpoint import Checkpointer, check_meta, run_meta
+from transformer.training.checkpoint import Checkpointer
+from transformer.training.run_meta import check_meta, run_meta
 from transformer.training.train_state import TrainState, optimizer_value
 from transformer.training.trainer import Trainer, eval_shapes
 from transformer.training.validate import validate

@@ -70,7 +70,7 @@ def create_train_state(params: Any, tx: optax.GradientTransformation,
 
 # The optimizer fields that add a part to the train state when > 0: a clipping stage and a
 # weight-decay stage of the optimiser's state, and the parameters' average. A checkpoint
-# restores only into a state with the same parts (`checkpoint.check_meta`); the values may
+# restores only into a state with the same parts (`run_meta.check_meta`); the values may
 # change (a new decay only weights the updates to come).
 STATE_PARTS = ("grad_clip_norm", "weight_decay", "ema_decay")
 
