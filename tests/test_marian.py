@@ -22,13 +22,13 @@ import numpy as np
 import pytest
 
 from tests.xla_flags import FAST_COMPILE
-from transformer import infer
+from transformer import infer, safetensors_file
 from transformer import workdir as workdir_lib
 from transformer.data import vocabulary
 from transformer.data.marian_tokenizer import MarianTokenizer
 from transformer.data.tokenizer import SOURCE, TARGET
 from transformer.errors import UserError
-from transformer.interop import export, marian, safetensors_file
+from transformer.interop import export, marian
 from transformer.nn.model import sinusoidal_positions
 from transformer.nn.model_family import build_model
 

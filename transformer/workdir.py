@@ -32,7 +32,7 @@ or its data may not: `validate.check_same` names the first that differs. Optimiz
 differ too, as inference does not train; but whether the checkpoints' train state has a
 clipping or weight-decay stage or the parameters' average (`optimizer.grad_clip_norm`,
 `weight_decay`, `ema_decay` > 0; the average is what inference then uses) is the checkpoints'
-own, and `checkpoint.check_meta` refuses a config that turns one on or off.
+own, and `run_meta.check_meta` refuses a config that turns one on or off.
 """
 
 from __future__ import annotations
@@ -246,12 +246,26 @@ def save(config: config_dict.ConfigDict, workdir: str | os.PathLike) -> bool:
   return True
 
 
+# Fields added to the configs after workdirs were trained, with the default they take in a
+# config saved before them, so that `--config.FIELD=...` overrides them there too.
+ADDED_FIELDS: dict[str, Any] = {"decode.in_flight": True}
+
+
 def load(workdir: str | os.PathLike) -> config_dict.ConfigDict | None:
-  """The config saved in `workdir`, or None if it has none (trained before configs were saved)."""
+  """The config saved in `workdir`, or None if it has none (trained before configs were saved);
+  fields added since it was saved (`ADDED_FIELDS`) have their defaults."""
   source = paths(workdir).config
   if not source.exists():
     return None
-  return from_json(source.read_text())
+  config = from_json(source.read_text())
+  for name, default in ADDED_FIELDS.items():
+    *parents, field = name.split(".")
+    node = config
+    for parent in parents:
+      node = node.get(parent) if node is not None else None
+    if node is not None and field not in node:
+      node[field] = default
+  return config
 
 
 def get_config(workdir: str | None = None) -> config_dict.ConfigDict:

@@ -77,6 +77,14 @@ def length_penalty(length: jax.Array | int, alpha: float) -> jax.Array:
   return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
 
 
+def length_penalties(max_len: int, alpha: float) -> jax.Array:
+  """`length_penalty` of every length 0 .. max_len, float32 [max_len + 1]: the searches index
+  this table, computed over the same shape whatever the batch, so a sentence's penalties are
+  the same numbers in a batch of any size or with its own step (`inflight`), where a power
+  computed over arrays of other shapes may round otherwise."""
+  return length_penalty(jnp.arange(max_len + 1), alpha)
+
+
 def flatten_beams(x: jax.Array) -> jax.Array:
   """Merges the batch and beam axes: [B, K, ...] -> [B * K, ...] (row b * K + k)."""
   return x.reshape((x.shape[0] * x.shape[1],) + x.shape[2:])
@@ -441,79 +449,22 @@ def beam_search(
     raise ValueError(f"num_hypotheses must be in [1, beam_size={k}], got {num_hypotheses}")
   max_lengths = _effective_max_lengths(max_lengths, batch_size, max_len)
   # What a sentence needs besides its cache: cut with the batch when it shrinks (`stages`).
-  rows = {"max_lengths": max_lengths, "best_possible_lp": length_penalty(max_lengths, alpha),
+  penalties = length_penalties(max_len, alpha)
+  rows = {"max_lengths": max_lengths, "best_possible_lp": penalties[max_lengths],
           "prefix": prefix, "prefix_lengths": prefix_lengths}
 
   def cond(state, running):
     return (state["step"] < max_len) & (jnp.sum(~state["done"]) > running)
 
   def body(state):
-    step, done, row = state["step"], state["done"], state["rows"]
-    b = done.shape[0]  # the sentences of this stage
     logits, cache = tokens_to_logits(flatten_beams(state["live_last"])[:, None], state["cache"])
-    logits = logits.astype(jnp.float32)
-    log_probs = jax.nn.log_softmax(logits, axis=-1) if normalize else logits
-    log_probs = unflatten_beams(log_probs, b)  # [b, K, V]
-    vocab = log_probs.shape[-1]
-    if banned_id is not None:
-      log_probs = jnp.where(jnp.arange(vocab) == banned_id, NEG_INF, log_probs)
-    if prefix is not None:
-      forced = row["prefix"][:, jnp.minimum(step, prefix.shape[1] - 1)][:, None, None]
-      in_prefix = (step < row["prefix_lengths"])[:, None, None]  # [b, 1, 1]
-      log_probs = jnp.where(in_prefix & (jnp.arange(vocab) != forced), NEG_INF, log_probs)
-    forced = (step + 1 >= row["max_lengths"])[:, None, None]
-    log_probs = jnp.where(forced & (jnp.arange(vocab) != eos_id), NEG_INF, log_probs)
-
-    # The new beam: top K of all K * V extensions by total log prob.
-    ext = state["live_log_probs"][:, :, None] + log_probs
-    top_log_probs, top_flat = jax.lax.top_k(ext.reshape(b, k * vocab), k)
-    parent = top_flat // vocab  # [b, K]
-    token = (top_flat % vocab).astype(jnp.int32)
-    seqs = jnp.take_along_axis(state["live_seqs"], parent[:, :, None], axis=1)
-    seqs = jax.lax.dynamic_update_slice(seqs, token[:, :, None], (0, 0, step))
-    is_eos = token == eos_id
-
-    # Finished: merge the new EOS hypotheses into the K best; old ones win ties (come first).
-    new_scores = jnp.where(is_eos, top_log_probs / length_penalty(step + 1, alpha), NEG_INF)
-    all_scores = jnp.concatenate([state["fin_scores"], new_scores], axis=1)
-    all_seqs = jnp.concatenate([state["fin_seqs"], seqs], axis=1)
-    fin_scores, fin_idx = jax.lax.top_k(all_scores, k)
-    fin_seqs = jnp.take_along_axis(all_seqs, fin_idx[:, :, None], axis=1)
-    all_log_probs = jnp.concatenate(
-      [state["fin_log_probs"], jnp.where(is_eos, top_log_probs, NEG_INF)], axis=1)
-    fin_log_probs = jnp.take_along_axis(all_log_probs, fin_idx, axis=1)
-
-    # Live: the non-EOS members of the beam; EOS slots become empty (-inf).
-    live_log_probs = jnp.where(is_eos, NEG_INF, top_log_probs)
-    cache = gather_beams(cache, parent, reorder)
-
-    # Stopped sentences keep their results, so they do not depend on the rest of the batch.
-    keep = done[:, None]
-    new_state = {
-      "step": step + 1,
-      "live_seqs": jnp.where(keep[:, :, None], state["live_seqs"], seqs),
-      "live_log_probs": jnp.where(keep, state["live_log_probs"], live_log_probs),
-      "live_last": jnp.where(keep, state["live_last"], token),
-      "fin_seqs": jnp.where(keep[:, :, None], state["fin_seqs"], fin_seqs),
-      "fin_scores": jnp.where(keep, state["fin_scores"], fin_scores),
-      "fin_log_probs": jnp.where(keep, state["fin_log_probs"], fin_log_probs),
-      "cache": cache,
-      "rows": row,
-    }
-    best_live = jnp.max(new_state["live_log_probs"], axis=1) / row["best_possible_lp"]
-    # fin_scores is sorted (top_k): its n-th entry is -inf until n have finished.
-    nth_finished = new_state["fin_scores"][:, n - 1]
-    new_state["done"] = done | (best_live <= nth_finished)
+    new_state = extend_beams(state, logits, state["step"], penalties, k=k, n=n, eos_id=eos_id,
+                             banned_id=banned_id, normalize=normalize)
+    new_state["cache"] = gather_beams(cache, new_state.pop("parent"), reorder)
     return new_state
 
   def finalize(state):
-    any_finished = jnp.any(state["fin_scores"] > NEG_INF, axis=1)[:, None]
-    live_scores = state["live_log_probs"] / length_penalty(state["step"], alpha)
-    sequences = jnp.where(any_finished[:, :, None], state["fin_seqs"], state["live_seqs"])
-    scores = jnp.where(any_finished, state["fin_scores"], live_scores)
-    log_probs = jnp.where(any_finished, state["fin_log_probs"], state["live_log_probs"])
-    sequences = jnp.where((scores > NEG_INF)[:, :, None], sequences, 0)
-    return sequences, scores, log_probs
+    return final_hypotheses(state, state["step"], penalties)
 
   if per_sentence is not None:
     reorder = jax.tree.map(lambda once, r: r and not once, per_sentence,
@@ -534,4 +485,95 @@ def beam_search(
     "rows": rows,
   }
   sequences, scores, log_probs = _staged_loop(cond, body, state, finalize, "done", stages)
+  return sequences, scores, log_probs
+
+
+def extend_beams(state: PyTree, logits: jax.Array, step: jax.Array, penalties: jax.Array, *,
+                 k: int, n: int, eos_id: int, banned_id: int | None = None,
+                 normalize: bool = True) -> PyTree:
+  """One step of `beam_search` for every sentence of `state` (its entries: `live_seqs`,
+  `live_log_probs`, `live_last`, `fin_seqs`, `fin_scores`, `fin_log_probs`, `done`, `rows`),
+  given the step's logits [b * K, V]; `step` is the sentences' step, a scalar (all in
+  lockstep) or int32 [b] (each its own: `inflight.beam_search_refilled`); `penalties` the
+  search's `length_penalties`. Returns the new state
+  with `step` + 1 and `parent` int32 [b, K], the beam each new hypothesis extends (the caller
+  reorders its cache by it); a stopped sentence keeps its hypotheses."""
+  done, row = state["done"], state["rows"]
+  b = done.shape[0]
+  per_sentence = jnp.ndim(step) == 1
+  logits = logits.astype(jnp.float32)
+  log_probs = jax.nn.log_softmax(logits, axis=-1) if normalize else logits
+  log_probs = unflatten_beams(log_probs, b)  # [b, K, V]
+  vocab = log_probs.shape[-1]
+  if banned_id is not None:
+    log_probs = jnp.where(jnp.arange(vocab) == banned_id, NEG_INF, log_probs)
+  if row.get("prefix") is not None:
+    width = row["prefix"].shape[1]
+    at = jnp.broadcast_to(jnp.minimum(step, width - 1), (b,))
+    forced = jnp.take_along_axis(row["prefix"], at[:, None], axis=1)[:, :, None]  # [b, 1, 1]
+    in_prefix = (step < row["prefix_lengths"])[:, None, None]  # [b, 1, 1]
+    log_probs = jnp.where(in_prefix & (jnp.arange(vocab) != forced), NEG_INF, log_probs)
+  forced = (step + 1 >= row["max_lengths"])[:, None, None]
+  log_probs = jnp.where(forced & (jnp.arange(vocab) != eos_id), NEG_INF, log_probs)
+
+  # The new beam: top K of all K * V extensions by total log prob.
+  ext = state["live_log_probs"][:, :, None] + log_probs
+  top_log_probs, top_flat = jax.lax.top_k(ext.reshape(b, k * vocab), k)
+  parent = top_flat // vocab  # [b, K]
+  token = (top_flat % vocab).astype(jnp.int32)
+  seqs = jnp.take_along_axis(state["live_seqs"], parent[:, :, None], axis=1)
+  if per_sentence:
+    at_step = jnp.arange(seqs.shape[2])[None, None, :] == step[:, None, None]
+    seqs = jnp.where(at_step, token[:, :, None], seqs)
+  else:
+    seqs = jax.lax.dynamic_update_slice(seqs, token[:, :, None], (0, 0, step))
+  is_eos = token == eos_id
+
+  # Finished: merge the new EOS hypotheses into the K best; old ones win ties (come first).
+  penalty = penalties[step + 1]
+  penalty = penalty[:, None] if per_sentence else penalty
+  new_scores = jnp.where(is_eos, top_log_probs / penalty, NEG_INF)
+  all_scores = jnp.concatenate([state["fin_scores"], new_scores], axis=1)
+  all_seqs = jnp.concatenate([state["fin_seqs"], seqs], axis=1)
+  fin_scores, fin_idx = jax.lax.top_k(all_scores, k)
+  fin_seqs = jnp.take_along_axis(all_seqs, fin_idx[:, :, None], axis=1)
+  all_log_probs = jnp.concatenate(
+    [state["fin_log_probs"], jnp.where(is_eos, top_log_probs, NEG_INF)], axis=1)
+  fin_log_probs = jnp.take_along_axis(all_log_probs, fin_idx, axis=1)
+
+  # Live: the non-EOS members of the beam; EOS slots become empty (-inf).
+  live_log_probs = jnp.where(is_eos, NEG_INF, top_log_probs)
+
+  # Stopped sentences keep their results, so they do not depend on the rest of the batch.
+  keep = done[:, None]
+  new_state = {
+    "step": step + 1,
+    "live_seqs": jnp.where(keep[:, :, None], state["live_seqs"], seqs),
+    "live_log_probs": jnp.where(keep, state["live_log_probs"], live_log_probs),
+    "live_last": jnp.where(keep, state["live_last"], token),
+    "fin_seqs": jnp.where(keep[:, :, None], state["fin_seqs"], fin_seqs),
+    "fin_scores": jnp.where(keep, state["fin_scores"], fin_scores),
+    "fin_log_probs": jnp.where(keep, state["fin_log_probs"], fin_log_probs),
+    "rows": row,
+    "parent": parent,
+  }
+  best_live = jnp.max(new_state["live_log_probs"], axis=1) / row["best_possible_lp"]
+  # fin_scores is sorted (top_k): its n-th entry is -inf until n have finished.
+  nth_finished = new_state["fin_scores"][:, n - 1]
+  new_state["done"] = done | (best_live <= nth_finished)
+  return new_state
+
+
+def final_hypotheses(state: PyTree, steps: jax.Array, penalties: jax.Array
+                     ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """`beam_search`'s outputs (sequences, scores, log_probs) of every sentence of `state`
+  (`extend_beams`'), after `steps` (scalar or int32 [b]) steps; `penalties` as there."""
+  any_finished = jnp.any(state["fin_scores"] > NEG_INF, axis=1)[:, None]
+  penalty = penalties[steps]
+  penalty = penalty[:, None] if jnp.ndim(steps) == 1 else penalty
+  live_scores = state["live_log_probs"] / penalty
+  sequences = jnp.where(any_finished[:, :, None], state["fin_seqs"], state["live_seqs"])
+  scores = jnp.where(any_finished, state["fin_scores"], live_scores)
+  log_probs = jnp.where(any_finished, state["fin_log_probs"], state["live_log_probs"])
+  sequences = jnp.where((scores > NEG_INF)[:, :, None], sequences, 0)
   return sequences, scores, log_probs

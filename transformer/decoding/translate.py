@@ -21,6 +21,7 @@ from transformer import compilation, storage
 from transformer import sharding as sharding_lib
 from transformer.data.tokenizer import EOS_ID, PAD_ID, truncate
 from transformer.decoding import bleu as bleu_lib
+from transformer.decoding import inflight
 from transformer.decoding import mbr as mbr_lib
 from transformer.decoding import search as decode_lib
 from transformer.nn import model as model_lib
@@ -28,6 +29,12 @@ from transformer.nn.model import ModelConfig
 from transformer.nn.model_family import build_model
 
 Array = jax.Array
+
+
+# In-flight batching (`Translator.pool_shape`): a pool holds up to this many batches of sources,
+# and an eighth of a device's slots is refilled at once.
+POOL_BATCHES = 16
+REFILL_PART = 8
 
 
 def init_cache(model_config: ModelConfig, batch: int, src_len: int, max_len: int,
@@ -204,61 +211,17 @@ def decode_hypotheses(params: Any, inputs: Array, model_config: ModelConfig | tu
   rows = nbest if search.method == "sample" else 1
   beams = search.beam_size if search.method == "beam" else 1
   banned = PAD_ID if search.suppress_padding else None
-  src_lengths = jnp.sum(inputs > 0, axis=-1).astype(jnp.int32)
-  max_lengths = jnp.minimum(src_lengths + search.max_extra_len, max_len)
+  max_lengths = output_limits(inputs, search, max_len)
   prefix_lengths = None if prefix is None else jnp.sum(prefix > 0, axis=-1).astype(jnp.int32)
-  steps, caches, reorders, encodings = [], [], [], []
-  for member_params, config in zip(all_params, configs, strict=True):
-    model = build_model(config)
-    encoded = model.apply({"params": member_params}, inputs, method=type(model).encode)
-    member_inputs = inputs
-    if rows > 1:
-      encoded, member_inputs = decode_lib.tile_beams((encoded, inputs), rows)
-    cache = init_cache(config, member_inputs.shape[0], inputs.shape[1], max_len, beams)
-    cache = prefill_cache(config, member_params, encoded, member_inputs, cache)
-    reorders.append(beam_reorder_mask(cache))
-    caches.append(cache)
-    encodings.append((encoded, member_inputs))
-    steps.append(build_model(config, incremental=True))
+  cache, reorder, once = search_cache(all_params, configs, inputs, max_len, beams, rows)
   if rows > 1:
     max_lengths, prefix, prefix_lengths = decode_lib.tile_beams(
       (max_lengths, prefix, prefix_lengths), rows)
   batch = inputs.shape[0] * rows
-  # Everything a step reads with a batch axis travels in the search's cache, which the search
-  # cuts when its batch shrinks (`stages`). The encoder outputs are the same for every beam of
-  # a sentence, so they are never reordered; a Transformer reads them, and its encoder-side
-  # keys and values, once per sentence for all its beams (`per_source`).
-  cache = {"members": tuple(caches), "encoded": tuple(encodings)}
-  reorder = {"members": tuple(reorders),
-             "encoded": jax.tree.map(lambda _: False, tuple(encodings))}
-  once = {"members": tuple(per_source(c, config) for c, config in zip(caches, configs,
-                                                                      strict=True)),
-          "encoded": tuple(jax.tree.map(lambda _, config=config: config.kind == "transformer",
-                                        e) for e, config in zip(encodings, configs, strict=True))}
   if logits_filter is not None:
-    cache, reorder = (cache, jnp.zeros((batch,), jnp.int32)), (reorder, True)
-    once = (once, False)
-
-  def member_logits(i, ids, cache):
-    encoded, member_inputs = cache["encoded"][i]
-    logits, mutated = steps[i].apply(
-      {"params": all_params[i], "cache": cache["members"][i]}, encoded, member_inputs, ids,
-      method=type(steps[i]).decode_logits, mutable=["cache"])
-    return logits[:, -1, :], mutated["cache"]
-
-  def tokens_to_logits(ids, cache):
-    search_cache, step = cache if logits_filter is not None else (cache, None)
-    outs = [member_logits(i, ids, search_cache) for i in range(len(steps))]
-    if ensemble is None:
-      logits = outs[0][0]
-    else:
-      # The members' weighted log probabilities: the search uses them as they are.
-      logits = sum(w * jax.nn.log_softmax(out.astype(jnp.float32), axis=-1)
-                   for w, (out, _) in zip(member_weights, outs, strict=True))
-    search_cache = {"members": tuple(c for _, c in outs), "encoded": search_cache["encoded"]}
-    if logits_filter is None:
-      return logits, search_cache
-    return logits_filter(logits, step), (search_cache, step + 1)
+    cache, reorder, once = (cache, jnp.zeros((batch,), jnp.int32)), (reorder, True), (once, False)
+  tokens_to_logits = step_function(all_params, configs, member_weights if ensemble else None,
+                                   logits_filter)
 
   options = dict(banned_id=banned, normalize=ensemble is None, prefix=prefix,
                  prefix_lengths=prefix_lengths, stages=stages)
@@ -282,9 +245,124 @@ def decode_hypotheses(params: Any, inputs: Array, model_config: ModelConfig | tu
       max_len=max_len, temperature=search.temperature, top_k=search.top_k, top_p=search.top_p,
       **options)
   lengths = jnp.sum(seqs > 0, axis=-1)
-  scores = log_probs / decode_lib.length_penalty(lengths, search.alpha)
+  scores = log_probs / decode_lib.length_penalties(max_len, search.alpha)[lengths]
   unflat = lambda x: decode_lib.unflatten_beams(x, batch // rows)
   return unflat(seqs), unflat(scores), unflat(log_probs)
+
+
+def output_limits(inputs: Array, search: Search, max_len: int) -> Array:
+  """The longest output (EOS included) of each source of `inputs` int32 [b, s]: its length +
+  `search.max_extra_len`, at most `max_len`."""
+  src_lengths = jnp.sum(inputs > 0, axis=-1).astype(jnp.int32)
+  return jnp.minimum(src_lengths + search.max_extra_len, max_len)
+
+
+def search_cache(all_params: Sequence[Any], configs: Sequence[ModelConfig], inputs: Array,
+                 max_len: int, beams: int, rows: int = 1) -> tuple[Any, Any, Any]:
+  """The search's cache of `inputs` int32 [b, s] (each member encodes them and keeps its own
+  cache, prefilled), for `beams` beams (`init_cache`) and `rows` rows per source (sampling's
+  samples: the cache is tiled to b * rows); with beam search's `reorder` and `per_sentence`
+  masks of it.
+
+  Everything a step reads with a batch axis travels in the cache, which the search cuts when
+  its batch shrinks (`stages`) and refills (`inflight`). The encoder outputs are the same for
+  every beam of a sentence, so they are never reordered; a Transformer reads them, and its
+  encoder-side keys and values, once per sentence for all its beams (`per_source`)."""
+  caches, reorders, encodings = [], [], []
+  for member_params, config in zip(all_params, configs, strict=True):
+    model = build_model(config)
+    encoded = model.apply({"params": member_params}, inputs, method=type(model).encode)
+    member_inputs = inputs
+    if rows > 1:
+      encoded, member_inputs = decode_lib.tile_beams((encoded, inputs), rows)
+    cache = init_cache(config, member_inputs.shape[0], inputs.shape[1], max_len, beams)
+    cache = prefill_cache(config, member_params, encoded, member_inputs, cache)
+    reorders.append(beam_reorder_mask(cache))
+    caches.append(cache)
+    encodings.append((encoded, member_inputs))
+  cache = {"members": tuple(caches), "encoded": tuple(encodings)}
+  reorder = {"members": tuple(reorders),
+             "encoded": jax.tree.map(lambda _: False, tuple(encodings))}
+  once = {"members": tuple(per_source(c, config) for c, config in zip(caches, configs,
+                                                                      strict=True)),
+          "encoded": tuple(jax.tree.map(lambda _, config=config: config.kind == "transformer",
+                                        e) for e, config in zip(encodings, configs, strict=True))}
+  return cache, reorder, once
+
+
+def step_function(all_params: Sequence[Any], configs: Sequence[ModelConfig],
+                  member_weights: Sequence[float] | None,
+                  logits_filter: Callable[[Array, Array], Array] | None = None
+                  ) -> decode_lib.TokensToLogits:
+  """The search's `tokens_to_logits` over a `search_cache`: one model's logits, or an
+  ensemble's (`member_weights` given) weighted average of its members' log probabilities;
+  with `logits_filter`, the cache is (search cache, step counter)."""
+  steps = [build_model(config, incremental=True) for config in configs]
+
+  def member_logits(i, ids, cache):
+    encoded, member_inputs = cache["encoded"][i]
+    logits, mutated = steps[i].apply(
+      {"params": all_params[i], "cache": cache["members"][i]}, encoded, member_inputs, ids,
+      method=type(steps[i]).decode_logits, mutable=["cache"])
+    return logits[:, -1, :], mutated["cache"]
+
+  def tokens_to_logits(ids, cache):
+    search_cache, step = cache if logits_filter is not None else (cache, None)
+    outs = [member_logits(i, ids, search_cache) for i in range(len(steps))]
+    if member_weights is None:
+      logits = outs[0][0]
+    else:
+      # The members' weighted log probabilities: the search uses them as they are.
+      logits = sum(w * jax.nn.log_softmax(out.astype(jnp.float32), axis=-1)
+                   for w, (out, _) in zip(member_weights, outs, strict=True))
+    search_cache = {"members": tuple(c for _, c in outs), "encoded": search_cache["encoded"]}
+    if logits_filter is None:
+      return logits, search_cache
+    return logits_filter(logits, step), (search_cache, step + 1)
+
+  return tokens_to_logits
+
+
+def decode_pool(params: Any, pool: Array, num_sentences: Array,
+                model_config: ModelConfig | tuple, search: Search, *, slots: int,
+                refill: int, nbest: int = 1, max_len: int,
+                weights: Sequence[float] | None = None) -> tuple[Array, Array, Array]:
+  """`decode_hypotheses` of the first `num_sentences` (int32 scalar) sources of `pool` int32
+  [P, s], searched `slots` sentences at a time, each stopped one's place taken by the pool's
+  next sentence, `refill` at a time (in-flight batching: `inflight.beam_search_refilled`).
+  Beam search and greedy search (one beam), of a Transformer or an ensemble of them; the
+  outputs are `decode_hypotheses`' of each source: sequences int32 [P, nbest, max_len], scores
+  and log_probs float32 [P, nbest] (empty past `num_sentences`). P must be a multiple of
+  `refill`."""
+  ensemble = members(params, model_config, weights)
+  all_params, configs, member_weights = ensemble or ((params,), (model_config,), (1.0,))
+  if search.method not in ("beam", "greedy"):
+    raise ValueError(f"in-flight batching searches with beam or greedy, not {search.method!r}")
+  if pool.shape[0] % refill:
+    raise ValueError(f"the pool's {pool.shape[0]} sources are not a multiple of refill={refill}")
+  beams = search.beam_size if search.method == "beam" else 1
+  cache, reorder, once = search_cache(all_params, configs, jnp.zeros((slots,) + pool.shape[1:],
+                                                                     pool.dtype), max_len, beams)
+
+  def fresh(start):
+    sources = jax.lax.dynamic_slice_in_dim(pool, start, refill)
+    new_cache, _, _ = search_cache(all_params, configs, sources, max_len, beams)
+    return new_cache, output_limits(sources, search, max_len)
+
+  seqs, scores, log_probs = inflight.beam_search_refilled(
+    step_function(all_params, configs, member_weights if ensemble else None), cache, fresh,
+    num_sentences=num_sentences, pool_size=pool.shape[0], refill=refill, beam_size=beams,
+    alpha=search.alpha, max_len=max_len, reorder=reorder, per_sentence=once,
+    num_hypotheses=nbest, banned_id=PAD_ID if search.suppress_padding else None,
+    normalize=ensemble is None)
+  seqs, scores, log_probs = seqs[:, :nbest], scores[:, :nbest], log_probs[:, :nbest]
+  if search.method == "greedy":
+    # Greedy search's score, as `decode_hypotheses` gives it: over the output's tokens.
+    lengths = jnp.sum(seqs > 0, axis=-1)
+    scores = jnp.where(scores > decode_lib.NEG_INF,
+                       log_probs / decode_lib.length_penalties(max_len, search.alpha)[lengths],
+                       scores)
+  return seqs, scores, log_probs
 
 
 def decode_tokens(params: Any, inputs: Array, model_config: ModelConfig, *, beam_size: int,
@@ -362,6 +440,7 @@ class Translator:
     self.beam_size = self.search.beam_size
     self.max_extra_len = self.search.max_extra_len
     self.batch_size = int(decode_config.batch_size)
+    self.in_flight = bool(decode_config.get("in_flight", True))
     self.tokens_per_batch = int(decode_config.get("tokens_per_batch", 0)) or None
     # Sources are padded to these lengths (the training buckets), so few shapes compile.
     self.bucket_lengths = sorted(bucket_lengths)
@@ -437,6 +516,61 @@ class Translator:
                                out_specs=rows, check_vma=False)
       in_shardings = (self._param_shardings, batch, batch) + (batch,) * prefixed
       self._fns[key] = jax.jit(search, in_shardings=in_shardings, out_shardings=replicated)
+    return self._fns[key]
+
+  def in_flight_search(self, prefixed: bool = False) -> bool:
+    """Whether calls search with in-flight batching (`decode_pool`): `decode.in_flight`, for
+    beam or greedy search (MBR's beam candidates too) of Transformers without forced prefixes,
+    each device searching its rows apart (or one device)."""
+    configs = self.model_config if isinstance(self.model_config, tuple) else (self.model_config,)
+    return (self.in_flight and not prefixed
+            and self.search.candidate_search().method in ("beam", "greedy")
+            and all(c.kind == "transformer" for c in configs)
+            and (self._searches_apart() or sharding_lib.data_parallel_size(self.mesh) == 1))
+
+  def pool_shape(self, length: int, group: int) -> tuple[int, int, int]:
+    """(slots, pool, refill) of in-flight batching for `group` sources padded to `length`:
+    `rows_per_batch` slots (the power of two that holds a smaller group), a pool of up to
+    `POOL_BATCHES` times as many sources (fewer for a smaller group), and an eighth of each
+    device's slots refilled at once; global counts, each a multiple of the data-parallel size,
+    the pool of each device's refill."""
+    dp = sharding_lib.data_parallel_size(self.mesh)
+    slots = self.rows_per_batch(length, group)
+    per_device = slots // dp
+    refill = max(1, per_device // REFILL_PART)
+    batches = min(POOL_BATCHES, 1 << max(-(-group // slots) - 1, 0).bit_length())
+    pool = -(-per_device * batches // refill) * refill
+    return slots, pool * dp, refill
+
+  def pools(self, lengths: Sequence[int]) -> list[tuple[list[int], int]]:
+    """Indices of `lengths` grouped by padded length, shortest first, each group cut into
+    pools of at most `pool_shape`'s size: [(indices, padded length)]."""
+    groups: dict[int, list[int]] = {}
+    for i in sorted(range(len(lengths)), key=lambda i: lengths[i]):
+      groups.setdefault(self.pad_length(lengths[i]), []).append(i)
+    out = []
+    for length, idx in groups.items():
+      size = self.pool_shape(length, len(idx))[1]
+      out.extend((idx[start:start + size], length) for start in range(0, len(idx), size))
+    return out
+
+  def _pool_fn(self, nbest: int, src_len: int, max_len: int, slots: int, pool: int,
+               refill: int):
+    key = ("pool", nbest, src_len, max_len, slots, pool, refill)
+    if key not in self._fns:
+      batch = sharding_lib.batch_sharding(self.mesh)
+      dp = sharding_lib.data_parallel_size(self.mesh)
+      fn = functools.partial(decode_pool, model_config=self.model_config,
+                             search=self.search.candidate_search(), slots=slots // dp,
+                             refill=refill, nbest=nbest, max_len=max_len, weights=self.weights)
+      search = lambda params, sources, counts: fn(params, sources, counts[0])  # noqa: E731
+      if dp > 1:
+        # Each device searches its pool apart (`_decode_fn`), with its own count.
+        rows = batch.spec
+        search = jax.shard_map(search, mesh=self.mesh, in_specs=(PartitionSpec(), rows, rows),
+                               out_specs=rows, check_vma=False)
+      self._fns[key] = jax.jit(search, in_shardings=(self._param_shardings, batch, batch),
+                               out_shardings=NamedSharding(self.mesh, PartitionSpec()))
     return self._fns[key]
 
   def _score_fn(self, length: int):
@@ -524,10 +658,24 @@ class Translator:
                            f"at most {self.output_limit(len(src))} tokens, EOS included")
     max_src = self.max_len - self.max_extra_len
 
-    def dispatched() -> Iterator[tuple[list[int], Any]]:
-      for idx, length in self.batches([len(s) for s in sources]):
+    def dispatched() -> Iterator[tuple[list[tuple[int, int]], Any]]:
+      """(source, output row) pairs and the outputs of each device call."""
+      lengths = [len(s) for s in sources]
+      if self.in_flight_search(prefixes is not None):
+        # A group of one length that one batch holds searches as that batch: no slot to
+        # refill, and the simpler program compiles faster (one sentence's, above all).
+        groups = self.pools(lengths)
+        fits = [(idx, length) for idx, length in groups
+                if len(idx) <= self.rows_per_batch(length, len(idx))]
+        pooled = [(idx, length) for idx, length in groups
+                  if len(idx) > self.rows_per_batch(length, len(idx))]
+        yield from self._dispatch_pools(params, sources, nbest, pooled)
+      else:
+        fits = self.batches(lengths)
+      for idx, length in fits:
         src_len = min(length, max_src)
-        rows = self.rows_per_batch(length, len(sources))
+        rows = self.rows_per_batch(length, len(idx) if self.in_flight_search(
+          prefixes is not None) else len(sources))
         arr = self._padded([sources[i] for i in idx], rows, src_len)
         ids = np.zeros((rows,), np.int32)
         ids[: len(idx)] = [sentence_ids[i] for i in idx]
@@ -537,17 +685,39 @@ class Translator:
           args.append(self._global(self._padded([prefixes[i] for i in idx], rows, max_len)))
         key = ("decode", nbest, src_len, max_len, prefixes is not None,
                self.stages(rows, nbest))
-        yield idx, self._run(key, self._decode_fn(*key[1:]), args)
+        placed = list(enumerate(idx))
+        yield [(i, row) for row, i in placed], self._run(key, self._decode_fn(*key[1:]), args)
 
-    for idx, out in read_one_behind(dispatched()):
+    for placed, out in read_one_behind(dispatched()):
       seqs, scores, log_probs = (np.asarray(x) for x in out)
-      for row, i in enumerate(idx):
+      for i, row in placed:
         results[i] = [Hypothesis(_until_eos(seqs[row, n]), float(scores[row, n]),
                                  float(log_probs[row, n]))
                       for n in range(seqs.shape[1]) if scores[row, n] > -np.inf]
       if on_batch is not None:
-        on_batch(len(idx))
+        on_batch(len(placed))
     return results
+
+  def _dispatch_pools(self, params: Any, sources: Sequence[Sequence[int]], nbest: int,
+                      pools: Sequence[tuple[list[int], int]]
+                      ) -> Iterator[tuple[list[tuple[int, int]], Any]]:
+    """`_search`'s device calls with in-flight batching (`decode_pool`) of `pools` (`pools`'
+    groups of sources): a pool's sources dealt to the devices in turn (source j of the pool
+    to device j mod dp), so that every device's share has the same mix of lengths."""
+    dp = sharding_lib.data_parallel_size(self.mesh)
+    max_src = self.max_len - self.max_extra_len
+    for idx, length in pools:
+      src_len = min(length, max_src)
+      slots, pool, refill = self.pool_shape(length, len(idx))
+      per_device = pool // dp
+      rows = [(j % dp) * per_device + j // dp for j in range(len(idx))]
+      arr = np.zeros((pool, src_len), np.int32)
+      arr[rows] = self._padded([sources[i] for i in idx], len(idx), src_len)
+      counts = np.bincount(np.arange(len(idx)) % dp, minlength=dp).astype(np.int32)
+      max_len = min(src_len + self.max_extra_len, self.max_len)
+      key = ("pool", nbest, src_len, max_len, slots, pool, refill)
+      args = [params, self._global(arr), self._global(counts)]
+      yield list(zip(idx, rows, strict=True)), self._run(key, self._pool_fn(*key[1:]), args)
 
   def _mbr(self, params: Any, sources: Sequence[Sequence[int]], nbest: int,
            sentence_ids: Sequence[int] | None, on_batch: Callable[[int], None] | None,

@@ -45,13 +45,12 @@ import numpy as np
 from flax import traverse_util
 from ml_collections import config_dict
 
+from transformer import safetensors_file, storage
 from transformer import sharding as sharding_lib
-from transformer import storage
 from transformer import workdir as workdir_lib
 from transformer.data import marian_tokenizer
 from transformer.data.marian_tokenizer import MarianTokenizer
 from transformer.errors import ConfigError, UserError
-from transformer.interop import safetensors_file
 from transformer.nn.model import ModelConfig, sinusoidal_positions
 from transformer.training.checkpoint import Checkpointer
 from transformer.training.run_meta import run_meta

@@ -37,11 +37,10 @@ import jax
 import numpy as np
 from flax import traverse_util
 
-from transformer import storage
+from transformer import safetensors_file, storage
 from transformer.data import marian_tokenizer
 from transformer.data.marian_tokenizer import MarianTokenizer
 from transformer.errors import ConfigError
-from transformer.interop import safetensors_file
 from transformer.nn.model import ModelConfig
 
 # The import's `ACTIVATIONS` read backwards: model.activation -> Marian's activation_function.

@@ -159,7 +159,7 @@ DECODE_MODES = (MODE_PREFILL, MODE_AUTOREGRESSIVE)
 CROSS_KEY, CROSS_VALUE = "cross_key", "cross_value"  # [b, s, h, k] encoder-side keys, values
 CACHED_KEY, CACHED_VALUE = "cached_key", "cached_value"  # [b, L, h, k] self-attention's
 KV_OWNER = "kv_owner"  # bool [b, K, L]: which row of its group holds each past position
-CACHE_INDEX = "cache_index"  # int [b]: the next position to write (equal in every row)
+CACHE_INDEX = "cache_index"  # int [b]: each row's next position to write
 POSITION = "position"  # int [b]: the decoder's next target position
 # What beam search may do with them (`translate.beam_reorder_mask`). Per source: they depend on
 # the encoder output alone, so the beams of a sentence share them; beam search tiles them once
@@ -314,19 +314,20 @@ class MultiHeadAttention(nn.Module):
       raise ValueError(f"decoding takes one token per call, got length {length}")
     if mask is not None or kv_mask is not None or segment_ids is not None:
       raise ValueError("a cached decoding step attends over its cache and takes no mask")
-    index = cache_index.value[0]
-    cached_key.value = jax.lax.dynamic_update_slice_in_dim(
-      cached_key.value, jnp.swapaxes(key, 1, 2), index, axis=2)
-    cached_value.value = jax.lax.dynamic_update_slice_in_dim(
-      cached_value.value, jnp.swapaxes(value, 1, 2), index, axis=2)
-    cache_index.value = cache_index.value + 1
+    # Each row writes at its own position (rows of a search refilled with new sentences are at
+    # different steps: `inflight`); a row past the cache's end (a stopped sentence's, still
+    # stepping) writes nothing.
+    index = cache_index.value  # [b]
+    every = jnp.arange(batch)
+    cached_key.value = cached_key.value.at[every, :, index].set(key[:, 0], mode="drop")
+    cached_value.value = cached_value.value.at[every, :, index].set(value[:, 0], mode="drop")
+    cache_index.value = index + 1
     rows, group = owner.value.shape[:2]
     # Position `index` of every row's hypothesis is the row itself.
     own = jnp.arange(group)[None, :] == (jnp.arange(rows) % group)[:, None]  # [b, K]
-    owner.value = jax.lax.dynamic_update_slice_in_dim(owner.value, own[:, :, None], index,
-                                                      axis=2)
-    # Positions past the step are masked: attend over the smallest window of the cache that
-    # holds the step's position, not over all of it (`attention_windows`).
+    owner.value = owner.value.at[every, :, index].set(own, mode="drop")
+    # Positions past a row's step are masked: attend over the smallest window of the cache
+    # that holds every row's position, not over all of it (`attention_windows`).
     windows = attention_windows(cached_key.value.shape[2])
 
     def attend(width):
@@ -334,7 +335,7 @@ class MultiHeadAttention(nn.Module):
                                        cached_value.value[:, :, :width],
                                        owner.value[:, :, :width])
 
-    window = jnp.searchsorted(jnp.asarray(windows), index + 1)
+    window = jnp.searchsorted(jnp.asarray(windows), jnp.max(index) + 1)
     return jax.lax.switch(window, [attend(w) for w in windows])
 
 

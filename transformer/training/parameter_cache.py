@@ -32,9 +32,8 @@ import jax
 import numpy as np
 from absl import logging
 
-from transformer import storage
+from transformer import safetensors_file, storage
 from transformer import workdir as workdir_lib
-from transformer.interop import safetensors_file
 
 PARAMETERS_DIR = "parameters"
 # Files kept: the last few models translated (a 7.6M-parameter model's file is 30 MB).
@@ -85,8 +84,7 @@ class ParameterCache:
     text = json.dumps({
       "workdir": os.path.abspath(workdir),
       "choice": [choice.checkpoint, choice.average], "ema": ema, "meta": meta,
-      "checkpoints": _listing(os.fspath(files.checkpoints)),
-      "best": _listing(os.fspath(files.best)),
+      "files": [_listing(os.fspath(files.checkpoints)), _listing(os.fspath(files.best))],
       "params": [(n, list(a.shape), str(a.dtype)) for n, a in
                  zip(names, jax.tree.leaves(abstract_params), strict=True)],
     }, sort_keys=True, default=str)

@@ -340,6 +340,7 @@ FIELDS: dict[str, Check] = {
   "decode.suppress_padding": flag(optional=True),
   "decode.tag": text(None, "one of the model's tags, or '' for none", optional=True),
   "decode.chunk_size": integer(1, MAX_TOKENS, optional=True),
+  "decode.in_flight": flag(optional=True),
   "decode.mbr_candidates": integer(2, MAX_COUNT, " (the candidates of decode.method='mbr')",
                                    optional=True),
   "decode.mbr_sampler": choice(mbr.SAMPLERS, optional=True),

@@ -1,0 +1,150 @@
+"""In-flight batching (transformer/decoding/inflight.py): a pool searched through fewer slots,
+refilled as sentences stop, gives every sentence the outputs of the lockstep search, bitwise,
+on a toy model with a position per row and on a trained Transformer through the Translator."""
+
+import copy
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tests.test_decode import make_table
+from transformer.decoding import inflight
+from transformer.decoding import search as search_lib
+
+MAX_LEN = 6
+SENTENCES = 11
+LENGTHS = np.asarray([6, 2, 5, 1, 6, 3, 4, 6, 2, 5, 3])
+
+
+def row_model(table):
+  """The toy model of tests/test_decode.py with a position per row: logits from a table by
+  (sentence, the row's position, token before the previous, previous token)."""
+
+  def tokens_to_logits(ids, cache):
+    rows = jnp.arange(ids.shape[0])
+    # A stopped row goes on stepping until its slot is refilled: keep its reads in the table.
+    index = jnp.minimum(cache["index"], MAX_LEN - 1)
+    prev = ids[:, 0]
+    prev2 = jnp.where(index > 0, cache["hist"][rows, jnp.maximum(index - 1, 0)], 0)
+    logits = table[cache["sent"], index, prev2, prev]
+    hist = cache["hist"].at[rows, index].set(prev)
+    return logits, {"index": cache["index"] + 1, "sent": cache["sent"], "hist": hist}
+
+  return tokens_to_logits
+
+
+def row_cache(sentence_ids):
+  n = sentence_ids.shape[0]
+  return {"index": jnp.zeros((n,), jnp.int32), "sent": sentence_ids.astype(jnp.int32),
+          "hist": jnp.zeros((n, MAX_LEN), jnp.int32)}
+
+
+def lockstep(table, beam_size, num_hypotheses):
+  return search_lib.beam_search(
+    row_model(table), row_cache(jnp.arange(SENTENCES)), batch_size=SENTENCES,
+    beam_size=beam_size, alpha=0.6, max_lengths=jnp.asarray(LENGTHS), max_len=MAX_LEN,
+    num_hypotheses=num_hypotheses, normalize=False)
+
+
+def refilled(table, beam_size, num_hypotheses, slots, refill):
+  pool = -(-SENTENCES // refill) * refill
+  lengths = jnp.asarray(np.pad(LENGTHS, (0, pool - SENTENCES), constant_values=1))
+
+  def fresh(start):
+    return (row_cache(start + jnp.arange(refill)),
+            jax.lax.dynamic_slice_in_dim(lengths, start, refill))
+
+  return inflight.beam_search_refilled(
+    row_model(table), row_cache(jnp.zeros((slots,), jnp.int32)), fresh,
+    num_sentences=jnp.int32(SENTENCES), pool_size=pool, refill=refill, beam_size=beam_size,
+    alpha=0.6, max_len=MAX_LEN, num_hypotheses=num_hypotheses, normalize=False)
+
+
+def log_prob_table(seed, **kwargs):
+  """`make_table`'s logits as log probabilities: the searches use them as they are
+  (normalize=False), so what they compute is sums, divisions and comparisons, exact in any
+  batch shape (a softmax over arrays of other shapes may round otherwise, as it does in a
+  lockstep batch of another size)."""
+  table = make_table(seed, **kwargs)
+  table = table - np.log(np.sum(np.exp(table), axis=-1, keepdims=True))
+  return jnp.asarray(table, jnp.float32)
+
+
+@pytest.mark.parametrize("beam_size,num_hypotheses", [(3, None), (3, 1), (1, None)])
+@pytest.mark.parametrize("slots,refill", [(3, 1), (4, 2), (5, 5), (1, 1)])
+def test_a_refilled_pool_gives_every_sentence_its_lockstep_outputs(beam_size, num_hypotheses,
+                                                                   slots, refill):
+  table = log_prob_table(7, num_sentences=SENTENCES + refill, max_len=MAX_LEN, eos_bias=0.3)
+  want = jax.jit(lambda t: lockstep(t, beam_size, num_hypotheses))(table)
+  got = jax.jit(lambda t: refilled(t, beam_size, num_hypotheses, slots, refill))(table)
+  for a, b in zip(got, want, strict=True):
+    assert a.shape[0] == -(-SENTENCES // refill) * refill
+    np.testing.assert_array_equal(np.asarray(a)[:SENTENCES], np.asarray(b))
+  # Past the sentences searched: nothing.
+  assert np.all(np.asarray(got[1])[SENTENCES:] == -np.inf)
+  assert not np.asarray(got[0])[SENTENCES:].any()
+
+
+def test_one_beam_is_greedy_search():
+  table = log_prob_table(3, num_sentences=SENTENCES + 2, max_len=MAX_LEN)
+  greedy, _ = jax.jit(lambda t: search_lib.greedy_decode(
+    row_model(t), row_cache(jnp.arange(SENTENCES)), batch_size=SENTENCES,
+    max_lengths=jnp.asarray(LENGTHS), max_len=MAX_LEN, normalize=False))(table)
+  seqs = jax.jit(lambda t: refilled(t, 1, None, 4, 2))(table)[0]
+  np.testing.assert_array_equal(np.asarray(seqs)[:SENTENCES, 0], np.asarray(greedy))
+
+
+def test_bad_settings_are_refused():
+  table = jnp.asarray(make_table(0, num_sentences=SENTENCES + 4, max_len=MAX_LEN), jnp.float32)
+  with pytest.raises(ValueError, match="refill"):
+    refilled(table, 2, None, 3, 4)
+  with pytest.raises(ValueError, match="batch leading"):
+    inflight.beam_search_refilled(
+      row_model(table), {**row_cache(jnp.zeros((2,), jnp.int32)), "step": jnp.int32(0)},
+      lambda start: None, num_sentences=jnp.int32(1), pool_size=2, refill=1, max_len=MAX_LEN)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method,nbest,ensemble", [("beam", 2, False), ("greedy", 1, False),
+                                                   ("beam", 1, True)])
+def test_the_translator_gives_the_same_hypotheses_in_flight(tiny_trained, method, nbest,
+                                                             ensemble):
+  """A trained Transformer over the 8 test devices: in-flight batching (sentences of several
+  padded lengths, pools smaller than the call, slots refilled) gives every sentence the
+  hypotheses of lockstep batches: the same ids, and the same scores up to float32 rounding
+  (XLA's kernels may round a softmax or a product otherwise in a batch of another shape, as
+  lockstep batches of other sizes do)."""
+  from transformer import infer
+  from transformer import workdir as workdir_lib
+  from transformer.data import numbers
+
+  workdir, _, _ = tiny_trained
+  config = workdir_lib.load(workdir)
+  with config.unlocked():
+    config.decode.method = method
+    config.decode.batch_size = 16
+  lockstep_config = copy.deepcopy(config)
+  with lockstep_config.unlocked():
+    lockstep_config.decode.in_flight = False
+  model = infer.restore(config, workdir)
+  translator, lockstep_translator = (infer.restore(c, workdir).translator
+                                     for c in (config, lockstep_config))
+  params = model.params
+  if ensemble:  # the model with itself, weighted 1:3
+    translator, lockstep_translator = (
+      t.with_members([t.model_config], [model.layout.param_shardings], [1.0, 3.0])
+      for t in (translator, lockstep_translator))
+    params = (params, params)
+  rng = np.random.default_rng(0)
+  lines = [numbers.english(int(n)) for n in rng.integers(1, 10**6, 150)]
+  lines += [" and then ".join(lines[i:i + 3]) for i in range(0, 30, 3)]
+  sources = [model.tokenizer.encode(line) for line in lines]
+  assert translator.in_flight_search() and not lockstep_translator.in_flight_search()
+  got = translator.search_ids(params, sources, nbest=nbest)
+  want = lockstep_translator.search_ids(params, sources, nbest=nbest)
+  assert [[h.ids for h in hyps] for hyps in got] == [[h.ids for h in hyps] for hyps in want]
+  for name in ("score", "log_prob"):
+    np.testing.assert_allclose([[getattr(h, name) for h in hyps] for hyps in got],
+                               [[getattr(h, name) for h in hyps] for hyps in want], rtol=1e-5)

@@ -1,0 +1,187 @@
+"""In-flight batching: beam search over a pool of sentences through a fixed number of slots, each
+slot taking the pool's next sentence once its own has stopped.
+
+A batch searched in lockstep (`search.beam_search`) runs until its last sentence stops, so its
+rows keep stepping for sentences that have stopped (sorted by source length, a batch's outputs
+still differ in length), and the larger the batch, the more it wastes: that kept batches small.
+Here every slot (a sentence's K rows) is at its own step. Whenever `refill` slots are free, the
+stopped sentences' hypotheses are written to the pool's outputs and their slots take the pool's
+next `refill` sentences, whose cache `fresh` makes for those sentences alone (the encoder and
+the encoder-side keys and values). The loop ends when the pool is empty and every slot has
+stopped, so a batch may be many sentences without waiting for its longest.
+
+Each sentence's outputs are those of `search.beam_search` on it: a slot's step depends on its
+own rows only (the Transformer's cache keeps a position per row, `model.CACHE_INDEX` and
+`POSITION`, and `KV_OWNER` masks what a row attends to), and a stopped sentence's results are
+frozen. K = 1 is greedy search (`search.beam_search`'s docstring).
+
+The model is the search's `tokens_to_logits` (search.py's module docstring); every cache leaf
+has the batch leading (slots, or slots * K rows): a refilled slot starts its cache afresh while
+the others go on, so no leaf may be shared by all rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from transformer.decoding import search as search_lib
+from transformer.decoding.search import NEG_INF
+
+PyTree = Any
+# fresh(start) -> (cache, max_lengths): the untiled cache of the pool's sentences start ..
+# start + R - 1 (R = refill; rows past the pool are ignored) and their longest outputs int32 [R].
+Fresh = Callable[[jax.Array], tuple[PyTree, jax.Array]]
+
+
+def put_slots(tree: PyTree, new: PyTree, slots: jax.Array, num_slots: int) -> PyTree:
+  """`tree` (leaves [num_slots * g, ...]: g rows per slot) with the slots `slots` int32 [R]
+  replaced by `new`'s rows (leaves [R * g, ...]); a slot index of `num_slots` drops its row."""
+
+  def put(x, y):
+    group = x.shape[0] // num_slots
+    rows = (slots[:, None] * group + jnp.arange(group)[None, :]).reshape(-1)
+    return x.at[rows].set(y, mode="drop")
+
+  return jax.tree.map(put, tree, new)
+
+
+# A sentence's hypotheses in the search state (`search.extend_beams`).
+HYPOTHESES = ("live_seqs", "live_log_probs", "live_last", "fin_seqs", "fin_scores",
+              "fin_log_probs")
+
+
+def _hypotheses(sentences: int, k: int, max_len: int) -> dict[str, jax.Array]:
+  """The search state of `sentences` sentences before their first step: only beam 0 is live."""
+  return {
+    "live_seqs": jnp.zeros((sentences, k, max_len), jnp.int32),
+    "live_log_probs": jnp.full((sentences, k), NEG_INF, jnp.float32).at[:, 0].set(0.0),
+    "live_last": jnp.zeros((sentences, k), jnp.int32),
+    "fin_seqs": jnp.zeros((sentences, k, max_len), jnp.int32),
+    "fin_scores": jnp.full((sentences, k), NEG_INF, jnp.float32),
+    "fin_log_probs": jnp.full((sentences, k), NEG_INF, jnp.float32),
+  }
+
+
+def beam_search_refilled(
+  tokens_to_logits: search_lib.TokensToLogits,
+  cache: PyTree,
+  fresh: Fresh,
+  *,
+  num_sentences: jax.Array,
+  pool_size: int,
+  refill: int,
+  beam_size: int = 4,
+  alpha: float = 0.6,
+  max_len: int,
+  eos_id: int = 1,
+  reorder: PyTree | None = None,
+  per_sentence: PyTree | None = None,
+  num_hypotheses: int | None = None,
+  banned_id: int | None = None,
+  normalize: bool = True,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """`search.beam_search` of the first `num_sentences` of a pool of `pool_size` sentences,
+  through the B slots of `cache` (in-flight batching: module docstring).
+
+  Args:
+    tokens_to_logits: ids int32[B * K, 1], cache -> (logits float32[B * K, V], new cache).
+    cache: a cache of B sentences (untiled, as `beam_search` takes it); what its rows hold does
+      not matter, every slot being filled by `fresh` before its first step.
+    fresh: the cache and longest outputs of `refill` consecutive pool sentences (`Fresh`).
+    num_sentences: int32 scalar, how many of the pool's sentences to search (the first ones).
+    pool_size: P, static: the outputs' leading size.
+    refill: R, static, 1 <= R <= B: the slots refilled at once, and `fresh`'s sentences.
+    beam_size, alpha, max_len, eos_id, reorder, per_sentence, num_hypotheses, banned_id,
+      normalize: as for `search.beam_search`.
+
+  Returns:
+    `beam_search`'s sequences int32 [P, K, max_len], scores and log_probs float32 [P, K] of
+    every pool sentence (those past `num_sentences`: empty, scores -inf).
+  """
+  k = beam_size
+  n = k if num_hypotheses is None else num_hypotheses
+  if not 1 <= n <= k:
+    raise ValueError(f"num_hypotheses must be in [1, beam_size={k}], got {num_hypotheses}")
+  if alpha < 0:
+    raise ValueError(f"alpha must be >= 0 for the early-stopping bound, got {alpha}")
+  slots = jax.tree.leaves(cache)[0].shape[0]
+  if not 1 <= refill <= slots:
+    raise ValueError(f"refill must be in [1, {slots}] (the slots), got {refill}")
+  if any(jnp.ndim(x) == 0 for x in jax.tree.leaves(cache)):
+    raise ValueError("in-flight batching needs every cache leaf with the batch leading")
+  num_sentences = jnp.minimum(jnp.asarray(num_sentences, jnp.int32), pool_size)
+  if per_sentence is not None:
+    reorder = jax.tree.map(lambda once, r: r and not once, per_sentence,
+                           jax.tree.map(lambda _: True, cache) if reorder is None else reorder)
+
+  penalties = search_lib.length_penalties(max_len, alpha)
+
+  def rows_of(max_lengths):
+    max_lengths = jnp.clip(jnp.asarray(max_lengths, jnp.int32), 1, max_len)
+    return {"max_lengths": max_lengths, "best_possible_lp": penalties[max_lengths]}
+
+  def outputs(state, which, valid):
+    """The pool's outputs with the results of the slots `which` int32 [M] written where
+    `valid` bool [M] (and the slot holds a sentence)."""
+    part = {name: state[name][which] for name in (*HYPOTHESES, "step", "sentence")}
+    results = search_lib.final_hypotheses(part, part["step"], penalties)
+    at = jnp.where(valid & (part["sentence"] >= 0), part["sentence"], pool_size)
+    return tuple(o.at[at].set(r, mode="drop") for o, r in zip(state["out"], results,
+                                                              strict=True))
+
+  def left(state):
+    return num_sentences - state["next"]
+
+  def can_refill(state):
+    free = jnp.sum(state["done"])
+    return (left(state) > 0) & (free >= jnp.minimum(refill, left(state)))
+
+  def refill_once(state):
+    # The first R free slots (stopped: their results are final) take the next R sentences.
+    order = jnp.argsort(~state["done"], stable=True)[:refill]
+    count = jnp.minimum(left(state), refill)
+    take = (jnp.arange(refill) < count) & state["done"][order]
+    targets = jnp.where(take, order, slots)
+    out = outputs(state, order, take)
+    new_cache, max_lengths = fresh(state["next"])
+    new = {**_hypotheses(refill, k, max_len), "step": jnp.zeros((refill,), jnp.int32),
+           "done": jnp.zeros((refill,), bool),
+           "sentence": state["next"] + jnp.arange(refill, dtype=jnp.int32),
+           "rows": rows_of(max_lengths),
+           "cache": search_lib.tile_beams(new_cache, k, per_sentence)}
+    per_slot = {name: state[name] for name in new}
+    state = {**state, **put_slots(per_slot, new, targets, slots)}
+    return {**state, "next": state["next"] + count, "out": out}
+
+  def refill_all(state):
+    return jax.lax.while_loop(can_refill, refill_once, state)
+
+  def body(state):
+    logits, cache = tokens_to_logits(
+      search_lib.flatten_beams(state["live_last"])[:, None], state["cache"])
+    new = search_lib.extend_beams(state, logits, state["step"], penalties, k=k, n=n,
+                                  eos_id=eos_id, banned_id=banned_id, normalize=normalize)
+    parent = new.pop("parent")
+    # With one beam the parent is always itself: nothing to reorder.
+    new["cache"] = cache if k == 1 else search_lib.gather_beams(cache, parent, reorder)
+    new["step"] = jnp.where(state["done"], state["step"], new["step"])
+    return refill_all({**state, **new})
+
+  state = {
+    **_hypotheses(slots, k, max_len),
+    "step": jnp.zeros((slots,), jnp.int32),
+    "done": jnp.ones((slots,), bool),  # every slot free
+    "sentence": jnp.full((slots,), -1, jnp.int32),
+    "rows": rows_of(jnp.ones((slots,), jnp.int32)),
+    "cache": search_lib.tile_beams(cache, k, per_sentence),
+    "next": jnp.zeros((), jnp.int32),
+    "out": (jnp.zeros((pool_size, k, max_len), jnp.int32),
+            jnp.full((pool_size, k), NEG_INF, jnp.float32),
+            jnp.full((pool_size, k), NEG_INF, jnp.float32)),
+  }
+  state = jax.lax.while_loop(lambda s: jnp.any(~s["done"]), body, refill_all(state))
+  return outputs(state, jnp.arange(slots), jnp.ones((slots,), bool))
