@@ -16,6 +16,9 @@ is reported apart. The fraction of identical output lines says how alike the sea
 Without `--input`, the file is `--lines` (default 20,000) English sources of the numbers
 corpus's test split (the default task's model); with it, any text file the workdir's model
 translates, whole, or its first `--lines` lines, read again from its start when it has fewer.
+`--decode=batch_size=256,tokens_per_batch=16384` sets decoding fields of ours; `--lockstep`
+also times ours in lockstep batches (`decode.in_flight=False`, the same other fields) in the
+same rounds, for the gain of in-flight batching and a check that both write the same lines.
 """
 
 from __future__ import annotations
@@ -115,10 +118,30 @@ def write_lines_of(source: str, path: str, lines: int) -> None:
     f.writelines(text[i % len(text)] for i in range(lines))
 
 
+def parse_decode(text: str) -> dict[str, Any]:
+  """'batch_size=256,in_flight=False' -> {'batch_size': 256, 'in_flight': False} (ints and
+  True/False; anything else stays text).
+
+  Raises:
+    ValueError: an entry not of the form FIELD=VALUE.
+  """
+  out: dict[str, Any] = {}
+  for entry in filter(None, (e.strip() for e in text.split(","))):
+    field, eq, value = entry.partition("=")
+    if not eq or not field:
+      raise ValueError(f"{entry!r} is not FIELD=VALUE")
+    out[field] = (int(value) if value.lstrip("-").isdigit() else
+                  {"True": True, "False": False}.get(value, value))
+  return out
+
+
 def run_benchmark(workdir: str, input_path: str | None, lines: int | None, rounds: int,
                   threads: int, searches: dict[str, dict[str, Any]] = SEARCHES,
-                  ct2_batches: tuple[tuple[str, int], ...] = CT2_BATCHES) -> dict[str, Any]:
-  """Times both over the same file per search; returns the record for the report."""
+                  ct2_batches: tuple[tuple[str, int], ...] = CT2_BATCHES,
+                  decode: dict[str, Any] | None = None, lockstep: bool = False
+                  ) -> dict[str, Any]:
+  """Times both over the same file per search (ours with the `decode` fields set, and with
+  `lockstep` in lockstep batches too); returns the record for the report."""
   from transformer.interop import export
 
   if workdir_lib.load(workdir) is None:
@@ -136,23 +159,36 @@ def run_benchmark(workdir: str, input_path: str | None, lines: int | None, round
 
   record: dict[str, Any] = {"lines": count, "rounds": rounds, "threads": threads,
                             "devices": jax.device_count(), "rows": [],
-                            "input": source or "the numbers corpus's test split"}
+                            "input": source or "the numbers corpus's test split",
+                            "decode": dict(decode or {})}
   exported = None
-  for name, fields in searches.items():
+
+  def restored(fields):
     config = workdir_lib.load(workdir)
     with config.unlocked():
-      for k, v in fields.items():
+      for k, v in {**(decode or {}), **fields}.items():
         config.decode[k] = v
       config.decode.chunk_size = max(count, 1)
-    model = infer.restore(config, workdir)
+    return infer.restore(config, workdir), config
+
+  for name, fields in searches.items():
+    model, config = restored(fields)
     if exported is None:
       exported = export.export_restored(model, os.path.join(scratch, "ct2"))
     ours_out, ct2_out = (os.path.join(scratch, f"{who}.txt") for who in ("ours", "ct2"))
     first = ours(model, config, input_path, ours_out)
     times: dict[str, list[float]] = {"ours": [], **{batch_name(b): [] for b in ct2_batches}}
+    if lockstep:
+      steady, steady_config = restored({**fields, "in_flight": False})
+      steady_out = os.path.join(scratch, "lockstep.txt")
+      times["lockstep"] = []
+      ours(steady, steady_config, input_path, steady_out)  # its programs compiled
     same = {}
     for _ in range(rounds):
       times["ours"].append(ours(model, config, input_path, ours_out))
+      if lockstep:
+        times["lockstep"].append(ours(steady, steady_config, input_path, steady_out))
+        same["lockstep"] = same_lines(ours_out, steady_out)
       for batch in ct2_batches:
         times[batch_name(batch)].append(ctranslate2_file(
           exported, os.path.join(exported, export.SPM_NAME), input_path, ct2_out,
@@ -170,6 +206,10 @@ def run_benchmark(workdir: str, input_path: str | None, lines: int | None, round
               for b in ct2_batches],
       "ct2_fastest": fastest, "ct2_s": best[fastest], "ct2_sentences_per_s": count / best[fastest],
       "ratio": best[fastest] / best["ours"], "same_lines": same[fastest], "times": times})
+    if lockstep:
+      record["rows"][-1]["lockstep"] = {"s": best["lockstep"],
+                                        "sentences_per_s": count / best["lockstep"],
+                                        "same_lines": same["lockstep"]}
   record["parameters"] = model.label
   record["workdir"] = workdir
   return record
@@ -189,14 +229,26 @@ def report_lines(record: dict[str, Any]) -> list[str]:
     for c in r["ct2"]:
       batchings.append(f"| {r['search']} | {c['batch']} per batch | {c['sentences_per_s']:.1f} | "
                        f"{r['ours_sentences_per_s'] / c['sentences_per_s']:.2f}x |")
+  steady = ["| search | ours, lockstep batches (sentences/s) | in-flight / lockstep | "
+            "identical lines |", "|---|---:|---:|---:|"]
+  for r in record["rows"]:
+    if "lockstep" in r:
+      steady.append(f"| {r['search']} | {r['lockstep']['sentences_per_s']:.1f} | "
+                    f"**{r['ours_sentences_per_s'] / r['lockstep']['sentences_per_s']:.2f}x** | "
+                    f"{100 * r['lockstep']['same_lines']:.1f}% |")
+  fields = ", ".join(f"{k}={v}" for k, v in record.get("decode", {}).items())
   return ["## Results\n",
           f"{record['lines']:,} lines of {record['input']}, "
           f"workdir {record['workdir']}, best of {record['rounds']} rounds, "
           f"{record['threads']} threads each (ours over {record['devices']} JAX "
-          f"device(s): `transformer/cpu_devices.py`), parameters of {record['parameters']}.\n",
+          f"device(s): `transformer/cpu_devices.py`), parameters of {record['parameters']}"
+          + (f"; ours with decode.{fields.replace(', ', ', decode.')}" if fields else "")
+          + ".\n",
           "\n".join(rows) + "\n",
           "CTranslate2 under each batching (`--ct2_batches`):\n",
-          "\n".join(batchings) + "\n"]
+          "\n".join(batchings) + "\n"] + (
+    ["Ours in lockstep batches (`--lockstep`, `decode.in_flight=False`), in the same rounds:\n",
+     "\n".join(steady) + "\n"] if len(steady) > 2 else [])
 
 
 if __name__ == "__main__":
@@ -225,6 +277,10 @@ if __name__ == "__main__":
     "against the fastest.")
   _CPU_DEVICES = flags.DEFINE_integer("cpu_devices", None, "JAX CPU devices of ours (default: "
                                       "what --mode=translate takes, cpu_devices.py).")
+  _DECODE = flags.DEFINE_string("decode", "", "Decoding fields of ours, FIELD=VALUE,... (e.g. "
+                                "batch_size=256,tokens_per_batch=16384).")
+  _LOCKSTEP = flags.DEFINE_bool("lockstep", False, "Also time ours in lockstep batches "
+                                "(decode.in_flight=False) in the same rounds.")
 
   def main(argv: list[str]) -> None:
     del argv
@@ -235,10 +291,20 @@ if __name__ == "__main__":
         ct2_batches = parse_batches(_CT2_BATCHES.value)
       except ValueError as e:
         raise UserError(f"--ct2_batches: {e}") from None
+      try:
+        decode = parse_decode(_DECODE.value)
+      except ValueError as e:
+        raise UserError(f"--decode: {e}") from None
       config = workdir_lib.load(_WORKDIR.value)
+      if config is None:
+        raise UserError(f"--workdir={_WORKDIR.value}: no {workdir_lib.CONFIG}; train it first")
+      unknown = sorted(set(decode) - set(config.decode))
+      if unknown:
+        raise UserError(f"--decode: no such field decode.{unknown[0]}")
       cpu_devices.use(_CPU_DEVICES.value, config, translating=True)
       record = run_benchmark(_WORKDIR.value, _INPUT.value, _LINES.value, _ROUNDS.value,
-                             _THREADS.value, ct2_batches=ct2_batches)
+                             _THREADS.value, ct2_batches=ct2_batches, decode=decode,
+                             lockstep=_LOCKSTEP.value)
     except UserError as e:
       fail(str(e))
     report.write(_OUT.value, "Translating a corpus: ours against CTranslate2",

@@ -7,10 +7,11 @@ Each measurement is a fresh process, as a user's command is:
   standard input, and on a file of `--lines` sentences (`--input`, `--output`), wall time of
   the process;
 - `parts`: the same steps in a child process of this benchmark, timed one by one: importing the
-  modules translation needs, restoring the parameters (`infer.restore`), getting every program
-  the input needs (tracing and compiling them, or loading them: `compilation.Executables` and
-  the persistent cache; one sentence of each padded length, searched on its own), then the
-  search over the whole input with its programs ready;
+  modules translation needs, restoring the parameters (`infer.restore`, or the parameters a
+  former process kept: `parameter_cache`), getting every program the input needs (tracing and
+  compiling them, or loading them: `compilation.Executables` and the persistent cache; the
+  first search over the input less the second), then the search over the whole input with its
+  programs ready (the second);
 - `ctranslate2`: a process that imports CTranslate2 and SentencePiece, loads the exported model
   (`--mode=export --format=ctranslate2`) and translates the same input (`translate_file`, the
   same beam, float32, the same threads); a file under each of the corpus benchmark's
@@ -88,19 +89,16 @@ def probe(workdir: str, cache: str, input_path: str) -> None:
   lines = open(input_path).read().splitlines()
   encoder = SourceEncoder(model.tokenizer, tags(config), config.decode.get("tag", ""))
   sources = [encoder.encode(line) for line in lines]
-  # Every program the input needs, by a batch of one sentence of each padded length, each on
-  # its own (batches of several lengths would take the longest one's program only), as many
-  # rows as the input's batches of that length have.
+  # The search twice: the first gets every program the input needs (traced and compiled, or
+  # loaded) as it goes, the second has them all; the programs' time is the difference.
   translator = model.translator
-  by_length = {translator.pad_length(len(s)): s for s in sources}
-  for length, source in by_length.items():
-    translator.search_ids(model.params, [source] * translator.rows_per_batch(length,
-                                                                             len(sources)))
+  translator.search_ids(model.params, sources)
   t3 = time.perf_counter()
-  model.translator.search_ids(model.params, sources)
+  translator.search_ids(model.params, sources)
   t4 = time.perf_counter()
-  print(json.dumps({"imports": t1 - t0, "restore": t2 - t1, "programs": t3 - t2,
-                    "search": t4 - t3, "program count": len(by_length)}))
+  print(json.dumps({"imports": t1 - t0, "restore": t2 - t1, "programs": (t3 - t2) - (t4 - t3),
+                    "search": t4 - t3,
+                    "lengths": len({translator.pad_length(len(s)) for s in sources})}))
 
 
 def ctranslate2_process(model_dir: str, input_path: str | None, beam: int, threads: int,
@@ -187,7 +185,7 @@ def report_lines(record: dict[str, Any]) -> list[str]:
   head = ["| input | cache | whole process (s) | imports | restore | programs (trace + "
           "compile, or load) | search | CTranslate2 process (s) | ours / CTranslate2 |",
           "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
-  count = record["rows"][-1]["parts cold"].get("program count")
+  count = record["rows"][-1]["parts cold"]["lengths"]
   for r in record["rows"]:
     for state in ("cold", "warm"):
       p = r[f"parts {state}"]
@@ -203,8 +201,8 @@ def report_lines(record: dict[str, Any]) -> list[str]:
           "not exactly, the whole process's time (which also reads the input, tokenizes and "
           "writes). ours / CTranslate2 is the ratio of sentences per second of the whole "
           f"processes (above 1: ours is faster); CTranslate2's is its fastest batching "
-          f"({ct2_batches(record)}). The file needs {count} programs (one per padded source "
-          "length).\n",
+          f"({ct2_batches(record)}). The file's sources have {count} padded lengths (a program "
+          "each, or two where a length's last sentences fit one batch).\n",
           "\n".join(head) + "\n"] + baseline_lines(record)
 
 

@@ -372,16 +372,24 @@ def test_the_corpus_benchmark_translates_the_same_file_with_both(workdir):
 
   batches = (("examples", 8), ("tokens", 256))
   record = corpus_translation.run_benchmark(workdir, None, lines=24, rounds=1, threads=1,
-                                            ct2_batches=batches)
+                                            ct2_batches=batches, decode={"batch_size": 8},
+                                            lockstep=True)
   assert record["lines"] == 24 and [r["search"] for r in record["rows"]] == ["beam 4", "greedy"]
   for row in record["rows"]:
     assert row["ours_sentences_per_s"] > 0
+    # In-flight batching and lockstep batches write the same lines.
+    assert row["lockstep"]["same_lines"] == 1.0 and row["lockstep"]["sentences_per_s"] > 0
     assert [c["batch"] for c in row["ct2"]] == ["8 sentences", "256 tokens"]
     # The ratio is against CTranslate2's fastest batching.
     assert row["ct2_s"] == min(c["s"] for c in row["ct2"])
     assert 0.0 <= row["same_lines"] <= 1.0
   report = "\n".join(corpus_translation.report_lines(record))
   assert "ours / CTranslate2" in report and "256 tokens per batch" in report
+  assert "in-flight / lockstep" in report and "decode.batch_size=8" in report
+  assert corpus_translation.parse_decode("batch_size=256,in_flight=False,tag=>>fr<<") == {
+    "batch_size": 256, "in_flight": False, "tag": ">>fr<<"}
+  with pytest.raises(ValueError, match="FIELD=VALUE"):
+    corpus_translation.parse_decode("batch_size")
   assert corpus_translation.parse_batches("examples:64,tokens:16384") == (
     ("examples", 64), ("tokens", 16384))
   for bad in ("sentences:64", "tokens:0", "tokens"):
@@ -396,8 +404,9 @@ def test_the_startup_benchmark_times_the_parts_and_the_whole_process(workdir, tm
   (tmp_path / "in.txt").write_text("".join(line + "\n" for line in lines))
   cache = str(tmp_path / "cache")
   parts = startup.parts(workdir, cache, str(tmp_path / "in.txt"))
-  assert set(parts) == {"imports", "restore", "programs", "search", "program count"}
-  assert parts["program count"] >= 1 and all(v > 0 for v in parts.values())
+  assert set(parts) == {"imports", "restore", "programs", "search", "lengths"}
+  # The programs' time is a difference of two searches' (near 0 when they were kept).
+  assert parts["lengths"] >= 1 and all(parts[k] > 0 for k in ("imports", "restore", "search"))
   assert os.listdir(cache)  # the programs were kept for the next process
   seconds = startup.whole(workdir, cache, None, None, sentence=lines[0])
   assert seconds > 0

@@ -206,9 +206,24 @@ def test_decoding_fields(field, good, bad):
 def test_configs_without_the_newer_decoding_fields_still_validate():
   config = numbers_config.get_config("tiny").to_dict()
   for field in ("method", "temperature", "top_k", "top_p", "seed", "tokens_per_batch",
-                "chunk_size"):
+                "chunk_size", "in_flight"):
     del config["decode"][field]
   validate(config_dict.ConfigDict(config), 8)
+
+
+def test_a_workdir_config_saved_before_a_field_existed_takes_its_default(tmp_path):
+  """`workdir.ADDED_FIELDS`: an older workdir's config.json gets the field (so that
+  `--config.decode.in_flight=False` overrides it there too), and keeps a value it has."""
+  from transformer import workdir as workdir_lib
+
+  config = numbers_config.get_config("tiny")
+  del config.decode["in_flight"]
+  workdir_lib.save(config, tmp_path / "old")
+  assert workdir_lib.load(tmp_path / "old").decode.in_flight is True
+  with config.unlocked():
+    config.decode.in_flight = False
+  workdir_lib.save(config, tmp_path / "new")
+  assert workdir_lib.load(tmp_path / "new").decode.in_flight is False
 
 
 def test_configs_saved_before_evaluators_were_configured_still_validate():
