@@ -661,21 +661,22 @@ class Translator:
     def dispatched() -> Iterator[tuple[list[tuple[int, int]], Any]]:
       """(source, output row) pairs and the outputs of each device call."""
       lengths = [len(s) for s in sources]
+      fits = self.batches(lengths)
       if self.in_flight_search(prefixes is not None):
-        # A group of one length that one batch holds searches as that batch: no slot to
-        # refill, and the simpler program compiles faster (one sentence's, above all).
+        # Pools where a length has more sentences than a batch; the rest (small groups, a
+        # pool's last few) in lockstep batches as without pools: no slot to refill, fewer
+        # and simpler programs to compile (a sentence alone, above all).
         groups = self.pools(lengths)
-        fits = [(idx, length) for idx, length in groups
-                if len(idx) <= self.rows_per_batch(length, len(idx))]
         pooled = [(idx, length) for idx, length in groups
                   if len(idx) > self.rows_per_batch(length, len(idx))]
         yield from self._dispatch_pools(params, sources, nbest, pooled)
-      else:
-        fits = self.batches(lengths)
+        rest = sorted(i for idx, length in groups
+                      if len(idx) <= self.rows_per_batch(length, len(idx)) for i in idx)
+        fits = [([rest[j] for j in idx], length)
+                for idx, length in self.batches([lengths[i] for i in rest])]
       for idx, length in fits:
         src_len = min(length, max_src)
-        rows = self.rows_per_batch(length, len(idx) if self.in_flight_search(
-          prefixes is not None) else len(sources))
+        rows = self.rows_per_batch(length, len(sources))
         arr = self._padded([sources[i] for i in idx], rows, src_len)
         ids = np.zeros((rows,), np.int32)
         ids[: len(idx)] = [sentence_ids[i] for i in idx]
