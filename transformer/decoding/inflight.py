@@ -49,23 +49,6 @@ def put_slots(tree: PyTree, new: PyTree, slots: jax.Array, num_slots: int) -> Py
   return jax.tree.map(put, tree, new)
 
 
-# A sentence's hypotheses in the search state (`search.extend_beams`).
-HYPOTHESES = ("live_seqs", "live_log_probs", "live_last", "fin_seqs", "fin_scores",
-              "fin_log_probs")
-
-
-def _hypotheses(sentences: int, k: int, max_len: int) -> dict[str, jax.Array]:
-  """The search state of `sentences` sentences before their first step: only beam 0 is live."""
-  return {
-    "live_seqs": jnp.zeros((sentences, k, max_len), jnp.int32),
-    "live_log_probs": jnp.full((sentences, k), NEG_INF, jnp.float32).at[:, 0].set(0.0),
-    "live_last": jnp.zeros((sentences, k), jnp.int32),
-    "fin_seqs": jnp.zeros((sentences, k, max_len), jnp.int32),
-    "fin_scores": jnp.full((sentences, k), NEG_INF, jnp.float32),
-    "fin_log_probs": jnp.full((sentences, k), NEG_INF, jnp.float32),
-  }
-
-
 def beam_search_refilled(
   tokens_to_logits: search_lib.TokensToLogits,
   cache: PyTree,
@@ -103,20 +86,14 @@ def beam_search_refilled(
     every pool sentence (those past `num_sentences`: empty, scores -inf).
   """
   k = beam_size
-  n = k if num_hypotheses is None else num_hypotheses
-  if not 1 <= n <= k:
-    raise ValueError(f"num_hypotheses must be in [1, beam_size={k}], got {num_hypotheses}")
-  if alpha < 0:
-    raise ValueError(f"alpha must be >= 0 for the early-stopping bound, got {alpha}")
+  n = search_lib.kept_hypotheses(beam_size, num_hypotheses, alpha)
   slots = jax.tree.leaves(cache)[0].shape[0]
   if not 1 <= refill <= slots:
     raise ValueError(f"refill must be in [1, {slots}] (the slots), got {refill}")
   if any(jnp.ndim(x) == 0 for x in jax.tree.leaves(cache)):
     raise ValueError("in-flight batching needs every cache leaf with the batch leading")
   num_sentences = jnp.minimum(jnp.asarray(num_sentences, jnp.int32), pool_size)
-  if per_sentence is not None:
-    reorder = jax.tree.map(lambda once, r: r and not once, per_sentence,
-                           jax.tree.map(lambda _: True, cache) if reorder is None else reorder)
+  reorder = search_lib.beam_reorder(cache, reorder, per_sentence)
 
   penalties = search_lib.length_penalties(max_len, alpha)
 
@@ -127,7 +104,7 @@ def beam_search_refilled(
   def outputs(state, which, valid):
     """The pool's outputs with the results of the slots `which` int32 [M] written where
     `valid` bool [M] (and the slot holds a sentence)."""
-    part = {name: state[name][which] for name in (*HYPOTHESES, "step", "sentence")}
+    part = {name: state[name][which] for name in (*search_lib.HYPOTHESES, "step", "sentence")}
     results = search_lib.final_hypotheses(part, part["step"], penalties)
     at = jnp.where(valid & (part["sentence"] >= 0), part["sentence"], pool_size)
     return tuple(o.at[at].set(r, mode="drop") for o, r in zip(state["out"], results,
@@ -148,8 +125,8 @@ def beam_search_refilled(
     targets = jnp.where(take, order, slots)
     out = outputs(state, order, take)
     new_cache, max_lengths = fresh(state["next"])
-    new = {**_hypotheses(refill, k, max_len), "step": jnp.zeros((refill,), jnp.int32),
-           "done": jnp.zeros((refill,), bool),
+    new = {**search_lib.initial_hypotheses(refill, k, max_len),
+           "step": jnp.zeros((refill,), jnp.int32), "done": jnp.zeros((refill,), bool),
            "sentence": state["next"] + jnp.arange(refill, dtype=jnp.int32),
            "rows": rows_of(max_lengths),
            "cache": search_lib.tile_beams(new_cache, k, per_sentence)}
@@ -172,7 +149,7 @@ def beam_search_refilled(
     return refill_all({**state, **new})
 
   state = {
-    **_hypotheses(slots, k, max_len),
+    **search_lib.initial_hypotheses(slots, k, max_len),
     "step": jnp.zeros((slots,), jnp.int32),
     "done": jnp.ones((slots,), bool),  # every slot free
     "sentence": jnp.full((slots,), -1, jnp.int32),

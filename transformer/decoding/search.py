@@ -441,12 +441,8 @@ def beam_search(
     log_probs: float32[B, K], each hypothesis's log_prob: the sum of its tokens' log
       probabilities, EOS included (-inf for empty slots).
   """
-  if alpha < 0:
-    raise ValueError(f"alpha must be >= 0 for the early-stopping bound, got {alpha}")
   k = beam_size
-  n = k if num_hypotheses is None else num_hypotheses
-  if not 1 <= n <= k:
-    raise ValueError(f"num_hypotheses must be in [1, beam_size={k}], got {num_hypotheses}")
+  n = kept_hypotheses(beam_size, num_hypotheses, alpha)
   max_lengths = _effective_max_lengths(max_lengths, batch_size, max_len)
   # What a sentence needs besides its cache: cut with the batch when it shrinks (`stages`).
   penalties = length_penalties(max_len, alpha)
@@ -466,26 +462,54 @@ def beam_search(
   def finalize(state):
     return final_hypotheses(state, state["step"], penalties)
 
-  if per_sentence is not None:
-    reorder = jax.tree.map(lambda once, r: r and not once, per_sentence,
-                           jax.tree.map(lambda _: True, cache) if reorder is None else reorder)
-  # Only beam 0 is live at the start, so the K identical initial beams do not yield K copies
-  # of each extension.
-  init_log_probs = jnp.full((batch_size, k), NEG_INF, jnp.float32).at[:, 0].set(0.0)
+  reorder = beam_reorder(cache, reorder, per_sentence)
   state = {
     "step": jnp.array(0, jnp.int32),
-    "live_seqs": jnp.zeros((batch_size, k, max_len), jnp.int32),
-    "live_log_probs": init_log_probs,
-    "live_last": jnp.zeros((batch_size, k), jnp.int32),
-    "fin_seqs": jnp.zeros((batch_size, k, max_len), jnp.int32),
-    "fin_scores": jnp.full((batch_size, k), NEG_INF, jnp.float32),
-    "fin_log_probs": jnp.full((batch_size, k), NEG_INF, jnp.float32),
+    **initial_hypotheses(batch_size, k, max_len),
     "done": jnp.zeros((batch_size,), bool),
     "cache": tile_beams(cache, k, per_sentence),
     "rows": rows,
   }
   sequences, scores, log_probs = _staged_loop(cond, body, state, finalize, "done", stages)
   return sequences, scores, log_probs
+
+
+def kept_hypotheses(beam_size: int, num_hypotheses: int | None, alpha: float) -> int:
+  """n, the hypotheses that must be final when a sentence stops (`beam_search`'s
+  `num_hypotheses`, None: K); ValueError for n outside [1, K] or alpha < 0."""
+  if alpha < 0:
+    raise ValueError(f"alpha must be >= 0 for the early-stopping bound, got {alpha}")
+  n = beam_size if num_hypotheses is None else num_hypotheses
+  if not 1 <= n <= beam_size:
+    raise ValueError(f"num_hypotheses must be in [1, beam_size={beam_size}], got "
+                     f"{num_hypotheses}")
+  return n
+
+
+def beam_reorder(cache: PyTree, reorder: PyTree | None, per_sentence: PyTree | None) -> PyTree:
+  """`beam_search`'s `reorder` with the `per_sentence` leaves (never tiled) left out too."""
+  if per_sentence is None:
+    return reorder
+  return jax.tree.map(lambda once, r: r and not once, per_sentence,
+                      jax.tree.map(lambda _: True, cache) if reorder is None else reorder)
+
+
+# A sentence's hypotheses in a beam search's state (`extend_beams`).
+HYPOTHESES = ("live_seqs", "live_log_probs", "live_last", "fin_seqs", "fin_scores",
+              "fin_log_probs")
+
+
+def initial_hypotheses(sentences: int, k: int, max_len: int) -> dict[str, jax.Array]:
+  """The `HYPOTHESES` of `sentences` sentences before their first step. Only beam 0 is live,
+  so the K identical initial beams do not yield K copies of each extension."""
+  return {
+    "live_seqs": jnp.zeros((sentences, k, max_len), jnp.int32),
+    "live_log_probs": jnp.full((sentences, k), NEG_INF, jnp.float32).at[:, 0].set(0.0),
+    "live_last": jnp.zeros((sentences, k), jnp.int32),
+    "fin_seqs": jnp.zeros((sentences, k, max_len), jnp.int32),
+    "fin_scores": jnp.full((sentences, k), NEG_INF, jnp.float32),
+    "fin_log_probs": jnp.full((sentences, k), NEG_INF, jnp.float32),
+  }
 
 
 def extend_beams(state: PyTree, logits: jax.Array, step: jax.Array, penalties: jax.Array, *,

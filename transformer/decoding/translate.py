@@ -244,10 +244,16 @@ def decode_hypotheses(params: Any, inputs: Array, model_config: ModelConfig | tu
       tokens_to_logits, cache, rngs=keys, batch_size=batch, max_lengths=max_lengths,
       max_len=max_len, temperature=search.temperature, top_k=search.top_k, top_p=search.top_p,
       **options)
-  lengths = jnp.sum(seqs > 0, axis=-1)
-  scores = log_probs / decode_lib.length_penalties(max_len, search.alpha)[lengths]
+  scores = output_scores(seqs, log_probs, search.alpha, max_len)
   unflat = lambda x: decode_lib.unflatten_beams(x, batch // rows)
   return unflat(seqs), unflat(scores), unflat(log_probs)
+
+
+def output_scores(seqs: Array, log_probs: Array, alpha: float, max_len: int) -> Array:
+  """The score of greedy and sampled outputs `seqs` int32 [..., max_len] (0 after the EOS):
+  `log_probs` [...] / lp(their length, EOS included)."""
+  lengths = jnp.sum(seqs > 0, axis=-1)
+  return log_probs / decode_lib.length_penalties(max_len, alpha)[lengths]
 
 
 def output_limits(inputs: Array, search: Search, max_len: int) -> Array:
@@ -358,10 +364,8 @@ def decode_pool(params: Any, pool: Array, num_sentences: Array,
   seqs, scores, log_probs = seqs[:, :nbest], scores[:, :nbest], log_probs[:, :nbest]
   if search.method == "greedy":
     # Greedy search's score, as `decode_hypotheses` gives it: over the output's tokens.
-    lengths = jnp.sum(seqs > 0, axis=-1)
     scores = jnp.where(scores > decode_lib.NEG_INF,
-                       log_probs / decode_lib.length_penalties(max_len, search.alpha)[lengths],
-                       scores)
+                       output_scores(seqs, log_probs, search.alpha, max_len), scores)
   return seqs, scores, log_probs
 
 
@@ -661,8 +665,9 @@ class Translator:
     def dispatched() -> Iterator[tuple[list[tuple[int, int]], Any]]:
       """(source, output row) pairs and the outputs of each device call."""
       lengths = [len(s) for s in sources]
-      fits = self.batches(lengths)
-      if self.in_flight_search(prefixes is not None):
+      if not self.in_flight_search(prefixes is not None):
+        fits = self.batches(lengths)
+      else:
         # Pools where a length has more sentences than a batch; the rest (small groups, a
         # pool's last few) in lockstep batches as without pools: no slot to refill, fewer
         # and simpler programs to compile (a sentence alone, above all).
