@@ -72,8 +72,11 @@ def log_prob_table(seed, **kwargs):
   return jnp.asarray(table, jnp.float32)
 
 
-@pytest.mark.parametrize("beam_size,num_hypotheses", [(3, None), (3, 1), (1, None)])
-@pytest.mark.parametrize("slots,refill", [(3, 1), (4, 2), (5, 5), (1, 1)])
+# Each search (beams, n-best 1, greedy) through slots refilled one at a time and two at a time;
+# one slot and every slot refilled at once, each with one search.
+@pytest.mark.parametrize("beam_size,num_hypotheses,slots,refill", [
+  (3, None, 3, 1), (3, 1, 3, 1), (1, None, 3, 1), (3, None, 4, 2), (3, 1, 4, 2),
+  (1, None, 4, 2), (3, None, 5, 5), (3, 1, 1, 1)])
 def test_a_refilled_pool_gives_every_sentence_its_lockstep_outputs(beam_size, num_hypotheses,
                                                                    slots, refill):
   table = log_prob_table(7, num_sentences=SENTENCES + refill, max_len=MAX_LEN, eos_bias=0.3)
