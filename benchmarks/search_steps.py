@@ -32,9 +32,10 @@ def search_steps(restored: Any, sources: Sequence[Sequence[int]], batch_size: in
                  ) -> dict[str, Any]:
   """Beam search (the translator's beam size and alpha, the best hypothesis asked for) of
   `sources` (token ids, EOS-terminated), step by step: per sentence, the step where the exact
-  rule stops it and the first step where its best finished hypothesis has a log probability
-  at least its best live one's (the early rule), and whether the best finished hypothesis
-  then is the exact search's. Returns the sums over the sentences and the fraction alike."""
+  rule stops it and the first step where the beam's best hypothesis by log probability has
+  ended: its best finished one scores at least the beam's first live one, or the step's top
+  extension was EOS (the early rule); and whether the best finished hypothesis then is the
+  exact search's. Returns the sums over the sentences and the fraction alike."""
   translator = restored.translator
   config, params = restored.layout.model_config, restored.params
   k, alpha = translator.search.beam_size, translator.search.alpha
