@@ -671,12 +671,14 @@ class Translator:
         # Pools where a length has more sentences than a batch; the rest (small groups, a
         # pool's last few) in lockstep batches as without pools: no slot to refill, fewer
         # and simpler programs to compile (a sentence alone, above all).
-        groups = self.pools(lengths)
-        pooled = [(idx, length) for idx, length in groups
-                  if len(idx) > self.rows_per_batch(length, len(idx))]
+        pooled, rest = [], []
+        for idx, length in self.pools(lengths):
+          if len(idx) > self.rows_per_batch(length, len(idx)):
+            pooled.append((idx, length))
+          else:
+            rest.extend(idx)
         yield from self._dispatch_pools(params, sources, nbest, pooled)
-        rest = sorted(i for idx, length in groups
-                      if len(idx) <= self.rows_per_batch(length, len(idx)) for i in idx)
+        rest.sort()
         fits = [([rest[j] for j in idx], length)
                 for idx, length in self.batches([lengths[i] for i in rest])]
       for idx, length in fits:
