@@ -42,6 +42,7 @@ def search_steps(restored: Any, sources: Sequence[Sequence[int]], batch_size: in
   step_fn = translate.step_function((params,), (config,), None)
   exact = early = same = 0
   max_src = translator.max_len - translator.max_extra_len
+  step = None  # one jitted step for every batch (traced once per batch shape)
   for idx, length in translator.batches([len(s) for s in sources]):
     for start in range(0, len(idx), batch_size):
       part = [sources[i] for i in idx[start:start + batch_size]]
@@ -50,8 +51,13 @@ def search_steps(restored: Any, sources: Sequence[Sequence[int]], batch_size: in
       inputs = np.zeros((len(part), src_len), np.int32)
       for row, ids in enumerate(part):
         inputs[row, :min(len(ids), src_len)] = ids[:src_len]
-      stops = _stops(step_fn, params, config, jnp.asarray(inputs), translator.search, k,
-                     alpha, max_len)
+      inputs = jnp.asarray(inputs)
+      cache, reorder, once = translate.search_cache((params,), (config,), inputs, max_len, k)
+      if step is None:  # the masks follow the model's cache, the same for every batch
+        step = _beam_step(step_fn, k, search_lib.beam_reorder(cache, reorder, once))
+      stops = _stops(step, search_lib.tile_beams(cache, k, once),
+                     translate.output_limits(inputs, translator.search, max_len), k, alpha,
+                     max_len)
       exact += int(stops["exact"].sum())
       early += int(stops["early"].sum())
       same += int(stops["same"].sum())
@@ -60,20 +66,12 @@ def search_steps(restored: Any, sources: Sequence[Sequence[int]], batch_size: in
           "same_best": same / max(len(sources), 1)}
 
 
-def _stops(step_fn: Any, params: Any, config: Any, inputs: jax.Array, search: Any, k: int,
-           alpha: float, max_len: int) -> dict[str, np.ndarray]:
-  """`search_steps`' per-sentence stops of one batch `inputs` int32 [b, s]."""
-  b = inputs.shape[0]
-  cache, reorder, once = translate.search_cache((params,), (config,), inputs, max_len, k)
-  reorder = search_lib.beam_reorder(cache, reorder, once)
-  penalties = search_lib.length_penalties(max_len, alpha)
-  limits = translate.output_limits(inputs, search, max_len)
-  state = {**search_lib.initial_hypotheses(b, k, max_len), "done": jnp.zeros((b,), bool),
-           "cache": search_lib.tile_beams(cache, k, once),
-           "rows": {"max_lengths": limits, "best_possible_lp": penalties[limits]}}
+def _beam_step(step_fn: Any, k: int, reorder: Any) -> Any:
+  """A jitted step of beam search (the best hypothesis asked for): (state, step, length
+  penalties) -> state."""
 
   @jax.jit
-  def step(state, t):
+  def step(state, t, penalties):
     logits, new_cache = step_fn(search_lib.flatten_beams(state["live_last"])[:, None],
                                 state["cache"])
     new = search_lib.extend_beams(state, logits, t, penalties, k=k, n=1, eos_id=EOS_ID)
@@ -81,11 +79,22 @@ def _stops(step_fn: Any, params: Any, config: Any, inputs: jax.Array, search: An
     new.pop("step")
     return new
 
+  return step
+
+
+def _stops(step: Any, cache: Any, limits: jax.Array, k: int, alpha: float, max_len: int
+           ) -> dict[str, np.ndarray]:
+  """`search_steps`' per-sentence stops of one batch, given its tiled search `cache` and its
+  longest outputs `limits` int32 [b]."""
+  b = limits.shape[0]
+  penalties = search_lib.length_penalties(max_len, alpha)
+  state = {**search_lib.initial_hypotheses(b, k, max_len), "done": jnp.zeros((b,), bool),
+           "cache": cache, "rows": {"max_lengths": limits, "best_possible_lp": penalties[limits]}}
   exact = np.zeros(b, np.int64)
   early = np.zeros(b, np.int64)
   early_best = np.zeros((b, max_len), np.int32)
   for t in range(max_len):
-    state = step(state, jnp.int32(t))
+    state = step(state, jnp.int32(t), penalties)
     ended = np.asarray((state["fin_log_probs"][:, 0] > search_lib.NEG_INF)
                        & (state["fin_log_probs"][:, 0] >= state["live_log_probs"][:, 0]))
     first = ended & (early == 0)
