@@ -178,6 +178,30 @@ def test_flatten_tile_gather_beams():
   np.testing.assert_array_equal(kept["kv"], tiled["kv"])
 
 
+@pytest.mark.parametrize("rows,n,k,block,values", [
+  (5, 1009, 4, 16, "normal"),  # 64 blocks, the last one padded (1009 is prime)
+  (7, 333, 5, 8, "ties"),  # scores from {0, 1, 2, 3}: ties everywhere; blocks of 9
+  (4, 64, 8, 4, "sparse"),  # a few finite scores per row, the rest -inf
+  (3, 256, 1, 128, "normal"),  # 2 blocks
+  (3, 40, 4, 16, "normal"),  # 3 blocks <= k: lax.top_k itself
+])
+def test_top_k_by_blocks_is_lax_top_k(rows, n, k, block, values):
+  rng = np.random.default_rng(n)
+  if values == "normal":
+    scores = rng.standard_normal((rows, n))
+  elif values == "ties":
+    scores = rng.integers(0, 4, (rows, n)).astype(float)
+  else:
+    scores = np.full((rows, n), -np.inf)
+    for row in range(rows - 1):  # the last row: -inf only
+      scores[row, rng.integers(0, n, 3)] = rng.standard_normal(3)
+  scores = jnp.asarray(scores, jnp.float32)
+  expected = jax.lax.top_k(scores, k)
+  got = jax.jit(search_lib.top_k, static_argnums=(1, 2))(scores, k, block)
+  np.testing.assert_array_equal(got[0], expected[0])
+  np.testing.assert_array_equal(got[1], expected[1])
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_greedy_matches_numpy_reference(seed):
   table = make_table(seed)
@@ -203,10 +227,13 @@ def test_beam_size_one_equals_greedy(seed, alpha):
     assert scores[b, 0] == pytest.approx(expected, rel=1e-5, abs=1e-5)
 
 
-@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.5])
-def test_wide_beam_is_exhaustive(alpha):
+@pytest.mark.parametrize("alpha,block", [(0.0, None), (0.6, None), (1.5, None), (0.6, 2)])
+def test_wide_beam_is_exhaustive(alpha, block, monkeypatch):
   # Vocab 5, max_len 4: at most 16 * 5 = 80 extensions per step and 85 hypotheses, so a beam
   # of 128 keeps everything, never fills its finished set and must enumerate all of them.
+  # Blocks of 2 scores: the beam's top K searches 128 of 320 blocks (`search_lib.top_k`).
+  if block:
+    monkeypatch.setattr(search_lib, "TOP_K_BLOCK", block)
   table = make_table(seed=5)
   max_lengths = [4, 3, 2]
   seqs, scores = run_beam(table, [0, 1, 2], max_lengths, 4, beam_size=128, alpha=alpha)
@@ -222,10 +249,12 @@ def test_wide_beam_is_exhaustive(alpha):
     assert not seqs[b, n:].any()
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2, 3])
-def test_early_stopping_keeps_the_best(seed):
+@pytest.mark.parametrize("seed,block", [(0, None), (1, None), (2, None), (3, None), (3, 2)])
+def test_early_stopping_keeps_the_best(seed, block, monkeypatch):
   # Beam search is not exact in general; for these tables (EOS likely, vocab 4, 3280
   # hypotheses) a beam of 4 finds the optimum, and the early stop ends the loop before max_len.
+  if block:
+    monkeypatch.setattr(search_lib, "TOP_K_BLOCK", block)
   max_len = 8
   table = make_table(seed, num_sentences=1, max_len=max_len, vocab=4, eos_bias=2.0)
   (seqs, scores), steps = count_steps(

@@ -63,6 +63,43 @@ TokensToLogits = Callable[[jax.Array, PyTree], tuple[jax.Array, PyTree]]
 # lax.top_k ranks it last, so invalid beams never displace valid ones.
 NEG_INF = -np.inf
 
+# `top_k`'s blocks: about this many scores, a divisor of the row's where one is near (a padded
+# row is copied, and the copy costs more than the blocks save on [64, 148000] scores).
+TOP_K_BLOCK = 128
+
+
+def top_k_block(n: int, block: int | None = None) -> int:
+  """The block `top_k` takes for rows of `n` scores: the divisor of n nearest `block` (default
+  TOP_K_BLOCK) within a factor of 2, or `block` itself (the row padded)."""
+  block = block or TOP_K_BLOCK
+  near = [d for d in range(max(1, block // 2), 2 * block + 1) if n % d == 0]
+  return min(near, key=lambda d: (abs(d - block), d)) if near else block
+
+
+def top_k(scores: jax.Array, k: int,
+          block: int | None = None) -> tuple[jax.Array, jax.Array]:
+  """`lax.top_k(scores, k)` (values and indices [b, k], ties to the lower index), bitwise,
+  for scores [b, N] without NaN, by blocks of about `block` scores (`top_k_block`): the top k of
+  the blocks' maxima, then the top k of those k blocks' scores. A block that holds one of the k
+  best scores has a maximum at least as high (and, tied, a lower index) as the k-th best, so it
+  is among the k best blocks. The beam step's top K of K * V scores then reads every score once
+  and searches K blocks instead of partially sorting every row (`benchmarks.top_k`)."""
+  b, n = scores.shape
+  block = top_k_block(n, block)
+  blocks = -(-n // block)
+  if blocks <= k:
+    return jax.lax.top_k(scores, k)
+  # Padding ranks last: -inf, at the highest indices.
+  padded = jnp.pad(scores, ((0, 0), (0, blocks * block - n)), constant_values=NEG_INF)
+  padded = padded.reshape(b, blocks, block)
+  _, best_blocks = jax.lax.top_k(jnp.max(padded, axis=-1), k)  # [b, k]
+  # In index order, so that ties among the candidates still go to the lower index.
+  best_blocks = jnp.sort(best_blocks, axis=-1)
+  candidates = jnp.take_along_axis(padded, best_blocks[:, :, None], axis=1).reshape(b, -1)
+  values, at = jax.lax.top_k(candidates, k)
+  indices = jnp.take_along_axis(best_blocks, at // block, axis=1) * block + at % block
+  return values, indices
+
 
 def length_penalty(length: jax.Array | int, alpha: float) -> jax.Array:
   """GNMT length penalty lp(length) = ((5 + length) / 6) ** alpha (Wu et al., 2016).
@@ -542,7 +579,7 @@ def extend_beams(state: PyTree, logits: jax.Array, step: jax.Array, penalties: j
 
   # The new beam: top K of all K * V extensions by total log prob.
   ext = state["live_log_probs"][:, :, None] + log_probs
-  top_log_probs, top_flat = jax.lax.top_k(ext.reshape(b, k * vocab), k)
+  top_log_probs, top_flat = top_k(ext.reshape(b, k * vocab), k)
   parent = top_flat // vocab  # [b, K]
   token = (top_flat % vocab).astype(jnp.int32)
   seqs = jnp.take_along_axis(state["live_seqs"], parent[:, :, None], axis=1)
