@@ -197,7 +197,7 @@ def test_top_k_by_blocks_is_lax_top_k(rows, n, k, block, values):
       scores[row, rng.integers(0, n, 3)] = rng.standard_normal(3)
   scores = jnp.asarray(scores, jnp.float32)
   expected = jax.lax.top_k(scores, k)
-  got = jax.jit(search_lib.top_k, static_argnums=(1, 2))(scores, k, block)
+  got = jax.jit(search_lib.top_k_by_blocks, static_argnums=(1, 2))(scores, k, block)
   np.testing.assert_array_equal(got[0], expected[0])
   np.testing.assert_array_equal(got[1], expected[1])
 
@@ -231,7 +231,7 @@ def test_beam_size_one_equals_greedy(seed, alpha):
 def test_wide_beam_is_exhaustive(alpha, block, monkeypatch):
   # Vocab 5, max_len 4: at most 16 * 5 = 80 extensions per step and 85 hypotheses, so a beam
   # of 128 keeps everything, never fills its finished set and must enumerate all of them.
-  # Blocks of 2 scores: the beam's top K searches 128 of 320 blocks (`search_lib.top_k`).
+  # Blocks of 2 scores: the beam's top K searches 128 of 320 blocks (`search_lib.top_k_by_blocks`).
   if block:
     monkeypatch.setattr(search_lib, "TOP_K_BLOCK", block)
   table = make_table(seed=5)

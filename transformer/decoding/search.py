@@ -63,21 +63,21 @@ TokensToLogits = Callable[[jax.Array, PyTree], tuple[jax.Array, PyTree]]
 # lax.top_k ranks it last, so invalid beams never displace valid ones.
 NEG_INF = -np.inf
 
-# `top_k`'s blocks: about this many scores, a divisor of the row's where one is near (a padded
-# row is copied, and the copy costs more than the blocks save on [64, 148000] scores).
+# `top_k_by_blocks`: blocks of about this many scores, a divisor of the row's where one is near
+# (a padded row is copied, and the copy costs more than the blocks save on [64, 148000] scores).
 TOP_K_BLOCK = 128
 
 
 def top_k_block(n: int, block: int | None = None) -> int:
-  """The block `top_k` takes for rows of `n` scores: the divisor of n nearest `block` (default
-  TOP_K_BLOCK) within a factor of 2, or `block` itself (the row padded)."""
+  """The block `top_k_by_blocks` takes for rows of `n` scores: the divisor of n nearest `block`
+  (default TOP_K_BLOCK) within a factor of 2, or `block` itself (the row padded)."""
   block = block or TOP_K_BLOCK
   near = [d for d in range(max(1, block // 2), 2 * block + 1) if n % d == 0]
   return min(near, key=lambda d: (abs(d - block), d)) if near else block
 
 
-def top_k(scores: jax.Array, k: int,
-          block: int | None = None) -> tuple[jax.Array, jax.Array]:
+def top_k_by_blocks(scores: jax.Array, k: int,
+                     block: int | None = None) -> tuple[jax.Array, jax.Array]:
   """`lax.top_k(scores, k)` (values and indices [b, k], ties to the lower index), bitwise,
   for scores [b, N] without NaN, by blocks of about `block` scores (`top_k_block`): the top k of
   the blocks' maxima, then the top k of those k blocks' scores. A block that holds one of the k
@@ -346,7 +346,7 @@ def filter_logits(logits: jax.Array, *, temperature: float = 1.0, top_k: int = 0
   vocab = logits.shape[-1]
   if top_k in (0, vocab) and top_p >= 1.0:
     return logits, None
-  values, ids = jax.lax.top_k(logits, top_k if 0 < top_k < vocab else vocab)
+  values, ids = top_k_by_blocks(logits, top_k if 0 < top_k < vocab else vocab)
   if top_p < 1.0:
     probs = jax.nn.softmax(values, axis=-1)
     before = jnp.cumsum(probs, axis=-1) - probs  # probability of the more likely tokens
@@ -579,7 +579,7 @@ def extend_beams(state: PyTree, logits: jax.Array, step: jax.Array, penalties: j
 
   # The new beam: top K of all K * V extensions by total log prob.
   ext = state["live_log_probs"][:, :, None] + log_probs
-  top_log_probs, top_flat = top_k(ext.reshape(b, k * vocab), k)
+  top_log_probs, top_flat = top_k_by_blocks(ext.reshape(b, k * vocab), k)
   parent = top_flat // vocab  # [b, K]
   token = (top_flat % vocab).astype(jnp.int32)
   seqs = jnp.take_along_axis(state["live_seqs"], parent[:, :, None], axis=1)
