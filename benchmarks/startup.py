@@ -52,16 +52,18 @@ def _timed(cmd: list[str], stdin: str | None = None, repo: str = REPO) -> tuple[
 
 
 def whole(workdir: str, cache: str, input_path: str | None, output: str | None,
-          repo: str = REPO, *, sentence: str) -> float:
-  """Seconds of one `--mode=translate` process (`sentence` from stdin when no input) of the
-  checkout `repo`."""
+          repo: str = REPO, *, sentence: str) -> tuple[float, str]:
+  """Seconds and output text of one `--mode=translate` process (`sentence` from stdin when
+  no input; else the file `input_path` into `output`) of the checkout `repo`."""
   cmd = [sys.executable, "-m", "transformer.main", "--mode=translate",
          f"--workdir={os.path.abspath(workdir)}", f"--config.compilation_cache_dir={cache}"]
   if input_path is None:
-    return _timed(cmd, sentence + "\n", repo)[0]
+    return _timed(cmd, sentence + "\n", repo)
   if os.path.exists(output):
     os.remove(output)
-  return _timed([*cmd, f"--input={input_path}", f"--output={output}"], repo=repo)[0]
+  seconds, _ = _timed([*cmd, f"--input={input_path}", f"--output={output}"], repo=repo)
+  with open(output) as f:
+    return seconds, f.read()
 
 
 def parts(workdir: str, cache: str, input_path: str) -> dict[str, float]:
@@ -157,14 +159,19 @@ def run(workdir: str, lines: int, threads: int, baseline: str | None = None,
   for name, path in (("one sentence", None), (f"{lines:,} lines", corpus)):
     cache = os.path.join(scratch, f"cache-{len(rows)}")
     row = {"input": name}
+    outputs = set()
     for state in ("cold", "warm"):
-      row[f"whole {state}"] = whole(workdir, cache, path, os.path.join(scratch, "out"),
-                                    sentence=sentence)
+      row[f"whole {state}"], text = whole(workdir, cache, path, os.path.join(scratch, "out"),
+                                          sentence=sentence)
+      outputs.add(text)
     if baseline:
       for state in ("cold", "warm"):
-        row[f"baseline {state}"] = whole(workdir, cache + "-baseline", path,
-                                         os.path.join(scratch, "out"), repo=baseline,
-                                         sentence=sentence)
+        row[f"baseline {state}"], text = whole(workdir, cache + "-baseline", path,
+                                               os.path.join(scratch, "out"), repo=baseline,
+                                               sentence=sentence)
+        outputs.add(text)
+    # Every process of both checkouts, cold and warm, wrote the same bytes.
+    row["same output"] = len(outputs) == 1
     parts_cache = os.path.join(scratch, f"parts-{len(rows)}")
     for state in ("cold", "warm"):
       row[f"parts {state}"] = parts(workdir, parts_cache, path or one)
@@ -201,8 +208,9 @@ def report_lines(record: dict[str, Any]) -> list[str]:
           "not exactly, the whole process's time (which also reads the input, tokenizes and "
           "writes). ours / CTranslate2 is the ratio of sentences per second of the whole "
           f"processes (above 1: ours is faster); CTranslate2's is its fastest batching "
-          f"({ct2_batches(record)}). The file's sources have {count} padded lengths (a program "
-          "each, or two where a length's last sentences fit one batch).\n",
+          f"({ct2_batches(record)}). The file's sources have {count} padded lengths (a pool "
+          "program for each length of more sentences than a batch, lockstep batches for the "
+          "rest).\n",
           "\n".join(head) + "\n"] + baseline_lines(record)
 
 
@@ -216,15 +224,17 @@ def baseline_lines(record: dict[str, Any]) -> list[str]:
   """Before and after: the whole processes of the baseline checkout against this one's."""
   if not record.get("baseline"):
     return []
-  rows = ["| input | cache | baseline (s) | this checkout (s) | speed-up |",
-          "|---|---|---:|---:|---:|"]
+  rows = ["| input | cache | baseline (s) | this checkout (s) | speed-up | the same output |",
+          "|---|---|---:|---:|---:|---|"]
   for r in record["rows"]:
     for state in ("cold", "warm"):
       before, after = r[f"baseline {state}"], r[f"whole {state}"]
+      same = {True: "yes", False: "**no**", None: "not compared"}[r.get("same output")]
       rows.append(f"| {r['input']} | {state} | {before:.2f} | {after:.2f} | "
-                  f"{before / after:.2f}x |")
+                  f"{before / after:.2f}x | {same} |")
   return ["Against the baseline checkout (`--baseline`), the same whole processes in the same "
-          "run:\n", "\n".join(rows) + "\n"]
+          "run; the same output: every process of both checkouts, cold and warm, wrote the "
+          "same bytes:\n", "\n".join(rows) + "\n"]
 
 
 if __name__ == "__main__":

@@ -408,14 +408,19 @@ def test_the_startup_benchmark_times_the_parts_and_the_whole_process(workdir, tm
   # The programs' time is a difference of two searches' (near 0 when they were kept).
   assert parts["lengths"] >= 1 and all(parts[k] > 0 for k in ("imports", "restore", "search"))
   assert os.listdir(cache)  # the programs were kept for the next process
-  seconds = startup.whole(workdir, cache, None, None, sentence=lines[0])
-  assert seconds > 0
+  seconds, one = startup.whole(workdir, cache, None, None, sentence=lines[0])
+  assert seconds > 0 and len(one.splitlines()) == 1
+  _, out = startup.whole(workdir, cache, str(tmp_path / "in.txt"), str(tmp_path / "out.txt"),
+                         sentence=lines[0])
+  assert out.splitlines()[0] == one.strip() and len(out.splitlines()) == 3
   row = {"input": "3 lines", "whole cold": seconds, "whole warm": seconds, "parts cold": parts,
-         "parts warm": parts, "ctranslate2": 1.0, "ctranslate2 by batch": {"64 sentences": 1.0}}
+         "parts warm": parts, "ctranslate2": 1.0, "ctranslate2 by batch": {"64 sentences": 1.0},
+         "baseline cold": seconds, "baseline warm": seconds, "same output": False}
   report = "\n".join(startup.report_lines({
     "workdir": workdir, "parameters": "1 parameter", "beam": 4, "lines": 3, "threads": 1,
-    "rows": [row], "input": "in.txt", "sentence": lines[0], "baseline": None}))
+    "rows": [row], "input": "in.txt", "sentence": lines[0], "baseline": "/elsewhere"}))
   assert "| 3 lines | cold |" in report and "3 lines of in.txt" in report
+  assert "| 3 lines | warm | " in report and "| 1.00x | **no** |" in report
 
 
 def test_the_corpus_benchmark_reads_a_short_input_again_from_its_start(tmp_path):

@@ -151,3 +151,47 @@ def test_the_translator_gives_the_same_hypotheses_in_flight(tiny_trained, method
   for name in ("score", "log_prob"):
     np.testing.assert_allclose([[getattr(h, name) for h in hyps] for hyps in got],
                                [[getattr(h, name) for h in hyps] for hyps in want], rtol=1e-5)
+
+
+def test_a_long_group_is_searched_by_one_pool_program(monkeypatch):
+  """A padded length with more sources than a pool is cut into pools of one shape, its partly
+  filled last pool too (one program per length, not one more for the remainder), which give
+  every source its lockstep hypotheses; a length with fewer sources than a batch is searched
+  in lockstep."""
+  import flax.linen as nn
+  from ml_collections import config_dict
+
+  from transformer import sharding as sharding_lib
+  from transformer.decoding import translate
+  from transformer.nn.model import ModelConfig, Transformer
+
+  monkeypatch.setattr(translate, "POOL_BATCHES", 2)
+  cfg = ModelConfig(vocab_size=40, num_layers=1, d_model=32, d_ff=64, num_heads=2, max_len=32,
+                    dropout_rate=0.0, logits_bias=True)
+  mesh = sharding_lib.make_mesh(config_dict.ConfigDict({"data": 1, "fsdp": 1, "tensor": 1}),
+                                jax.devices()[:1])
+  src = jnp.ones((1, 8), jnp.int32)
+  params = nn.unbox(Transformer(cfg).init(jax.random.key(0), src, src)["params"])
+  bias = params["decoder"]["logits_bias"]  # EOS less likely: outputs of a few tokens
+  params = {**params, "decoder": {**params["decoder"], "logits_bias": bias.at[1].set(-2.0)}}
+  shardings = jax.tree.map(lambda _: jax.sharding.NamedSharding(
+    mesh, jax.sharding.PartitionSpec()), params)
+
+  def translator(in_flight):
+    decode = config_dict.ConfigDict({"method": "beam", "beam_size": 3, "alpha": 0.6,
+                                     "max_extra_len": 5, "batch_size": 4,
+                                     "in_flight": in_flight})
+    return translate.Translator(cfg, decode, mesh, shardings, bucket_lengths=(8, 16))
+
+  rng = np.random.default_rng(0)
+  sources = [[*rng.integers(2, 40, rng.integers(2, 8)), 1] for _ in range(19)]
+  sources += [[*rng.integers(2, 40, 12), 1] for _ in range(3)]
+  in_flight, lockstep = translator(True), translator(False)
+  plan = in_flight.pools([len(s) for s in sources])
+  shapes = [(length, len(idx), shape) for idx, length, shape in plan]
+  assert [(length, n) for length, n, _ in shapes] == [(8, 8), (8, 8), (8, 3), (16, 3)]
+  assert shapes[0][2] == shapes[1][2] == shapes[2][2] == (4, 8, 1) and shapes[3][2] is None
+  got = in_flight.search_ids(params, sources)
+  want = lockstep.search_ids(params, sources)
+  assert [h[0].ids for h in got] == [h[0].ids for h in want]
+  assert len({len(h[0].ids) for h in got}) > 1  # outputs of several lengths

@@ -546,16 +546,24 @@ class Translator:
     pool = -(-per_device * batches // refill) * refill
     return slots, pool * dp, refill
 
-  def pools(self, lengths: Sequence[int]) -> list[tuple[list[int], int]]:
+  def pools(self, lengths: Sequence[int]
+            ) -> list[tuple[list[int], int, tuple[int, int, int] | None]]:
     """Indices of `lengths` grouped by padded length, shortest first, each group cut into
-    pools of at most `pool_shape`'s size: [(indices, padded length)]."""
+    pools of `pool_shape`'s size: [(indices, padded length, (slots, pool, refill))]. Every
+    pool of a group, its partly filled last one too, has the group's shape, so that a length
+    compiles one program. The shape is None for a group that fits one batch: its sources
+    are searched in lockstep batches (no slot to refill)."""
     groups: dict[int, list[int]] = {}
     for i in sorted(range(len(lengths)), key=lambda i: lengths[i]):
       groups.setdefault(self.pad_length(lengths[i]), []).append(i)
     out = []
     for length, idx in groups.items():
-      size = self.pool_shape(length, len(idx))[1]
-      out.extend((idx[start:start + size], length) for start in range(0, len(idx), size))
+      shape = self.pool_shape(length, len(idx))
+      if len(idx) <= self.rows_per_batch(length, len(idx)):
+        out.append((idx, length, None))
+        continue
+      out.extend((idx[start:start + shape[1]], length, shape)
+                 for start in range(0, len(idx), shape[1]))
     return out
 
   def _pool_fn(self, nbest: int, src_len: int, max_len: int, slots: int, pool: int,
@@ -672,11 +680,11 @@ class Translator:
         # pool's last few) in lockstep batches as without pools: no slot to refill, fewer
         # and simpler programs to compile (a sentence alone, above all).
         pooled, rest = [], []
-        for idx, length in self.pools(lengths):
-          if len(idx) > self.rows_per_batch(length, len(idx)):
-            pooled.append((idx, length))
-          else:
+        for idx, length, shape in self.pools(lengths):
+          if shape is None:
             rest.extend(idx)
+          else:
+            pooled.append((idx, length, shape))
         yield from self._dispatch_pools(params, sources, nbest, pooled)
         rest.sort()
         fits = [([rest[j] for j in idx], length)
@@ -707,16 +715,16 @@ class Translator:
     return results
 
   def _dispatch_pools(self, params: Any, sources: Sequence[Sequence[int]], nbest: int,
-                      pools: Sequence[tuple[list[int], int]]
+                      pools: Sequence[tuple[list[int], int, tuple[int, int, int]]]
                       ) -> Iterator[tuple[list[tuple[int, int]], Any]]:
     """`_search`'s device calls with in-flight batching (`decode_pool`) of `pools` (`pools`'
-    groups of sources): a pool's sources dealt to the devices in turn (source j of the pool
-    to device j mod dp), so that every device's share has the same mix of lengths."""
+    groups of sources and their shapes): a pool's sources dealt to the devices in turn
+    (source j of the pool to device j mod dp), so that every device's share has the same mix
+    of lengths."""
     dp = sharding_lib.data_parallel_size(self.mesh)
     max_src = self.max_len - self.max_extra_len
-    for idx, length in pools:
+    for idx, length, (slots, pool, refill) in pools:
       src_len = min(length, max_src)
-      slots, pool, refill = self.pool_shape(length, len(idx))
       per_device = pool // dp
       rows = [(j % dp) * per_device + j // dp for j in range(len(idx))]
       arr = np.zeros((pool, src_len), np.int32)
