@@ -66,6 +66,15 @@ def whole(workdir: str, cache: str, input_path: str | None, output: str | None,
     return seconds, f.read()
 
 
+def kept_programs(cache: str) -> int:
+  """The compiled programs the processes on the compilation cache `cache` kept
+  (`compilation.Executables`): one per program a translation needed."""
+  from transformer.compilation import EXECUTABLES_DIR
+
+  path = os.path.join(cache, EXECUTABLES_DIR)
+  return len(os.listdir(path)) if os.path.isdir(path) else 0
+
+
 def parts(workdir: str, cache: str, input_path: str) -> dict[str, float]:
   """The steps of translation of the file `input_path` timed one by one in a child process
   (`probe`)."""
@@ -172,6 +181,9 @@ def run(workdir: str, lines: int, threads: int, baseline: str | None = None,
         outputs.add(text)
     # Every process of both checkouts, cold and warm, wrote the same bytes.
     row["same output"] = len(outputs) == 1
+    row["programs"] = kept_programs(cache)
+    if baseline:
+      row["baseline programs"] = kept_programs(cache + "-baseline")
     parts_cache = os.path.join(scratch, f"parts-{len(rows)}")
     for state in ("cold", "warm"):
       row[f"parts {state}"] = parts(workdir, parts_cache, path or one)
@@ -224,17 +236,20 @@ def baseline_lines(record: dict[str, Any]) -> list[str]:
   """Before and after: the whole processes of the baseline checkout against this one's."""
   if not record.get("baseline"):
     return []
-  rows = ["| input | cache | baseline (s) | this checkout (s) | speed-up | the same output |",
-          "|---|---|---:|---:|---:|---|"]
+  rows = ["| input | cache | baseline (s) | this checkout (s) | speed-up | the same output "
+          "| programs, baseline -> this checkout |", "|---|---|---:|---:|---:|---|---|"]
   for r in record["rows"]:
     for state in ("cold", "warm"):
       before, after = r[f"baseline {state}"], r[f"whole {state}"]
       same = {True: "yes", False: "**no**", None: "not compared"}[r.get("same output")]
+      programs = (f"{r['baseline programs']} -> {r['programs']}" if "programs" in r
+                  else "not counted")
       rows.append(f"| {r['input']} | {state} | {before:.2f} | {after:.2f} | "
-                  f"{before / after:.2f}x | {same} |")
+                  f"{before / after:.2f}x | {same} | {programs} |")
   return ["Against the baseline checkout (`--baseline`), the same whole processes in the same "
           "run; the same output: every process of both checkouts, cold and warm, wrote the "
-          "same bytes:\n", "\n".join(rows) + "\n"]
+          "same bytes; programs: those the file's processes compiled and kept "
+          "(`compilation.Executables`):\n", "\n".join(rows) + "\n"]
 
 
 if __name__ == "__main__":

@@ -415,12 +415,14 @@ def test_the_startup_benchmark_times_the_parts_and_the_whole_process(workdir, tm
   assert out.splitlines()[0] == one.strip() and len(out.splitlines()) == 3
   row = {"input": "3 lines", "whole cold": seconds, "whole warm": seconds, "parts cold": parts,
          "parts warm": parts, "ctranslate2": 1.0, "ctranslate2 by batch": {"64 sentences": 1.0},
-         "baseline cold": seconds, "baseline warm": seconds, "same output": False}
+         "baseline cold": seconds, "baseline warm": seconds, "same output": False,
+         "programs": startup.kept_programs(cache), "baseline programs": 9}
   report = "\n".join(startup.report_lines({
     "workdir": workdir, "parameters": "1 parameter", "beam": 4, "lines": 3, "threads": 1,
     "rows": [row], "input": "in.txt", "sentence": lines[0], "baseline": "/elsewhere"}))
   assert "| 3 lines | cold |" in report and "3 lines of in.txt" in report
-  assert "| 3 lines | warm | " in report and "| 1.00x | **no** |" in report
+  assert "| 3 lines | warm | " in report and "| 1.00x | **no** | 9 -> " in report
+  assert startup.kept_programs(cache) >= 1 and startup.kept_programs(str(tmp_path)) == 0
 
 
 def test_the_corpus_benchmark_reads_a_short_input_again_from_its_start(tmp_path):
