@@ -1,4 +1,4 @@
-"""benchmarks/top_k.py: the beam step's top K, lax.top_k against search.top_k_by_blocks's blocks."""
+"""benchmarks/top_k.py: the beam step's top K, lax.top_k against search.top_k_by_blocks."""
 
 from benchmarks import top_k
 

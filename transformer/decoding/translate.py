@@ -558,10 +558,10 @@ class Translator:
       groups.setdefault(self.pad_length(lengths[i]), []).append(i)
     out = []
     for length, idx in groups.items():
-      shape = self.pool_shape(length, len(idx))
       if len(idx) <= self.rows_per_batch(length, len(idx)):
         out.append((idx, length, None))
         continue
+      shape = self.pool_shape(length, len(idx))
       out.extend((idx[start:start + shape[1]], length, shape)
                  for start in range(0, len(idx), shape[1]))
     return out
@@ -676,9 +676,9 @@ class Translator:
       if not self.in_flight_search(prefixes is not None):
         fits = self.batches(lengths)
       else:
-        # Pools where a length has more sentences than a batch; the rest (small groups, a
-        # pool's last few) in lockstep batches as without pools: no slot to refill, fewer
-        # and simpler programs to compile (a sentence alone, above all).
+        # Pools where a length has more sentences than a batch; the rest (small groups) in
+        # lockstep batches as without pools: no slot to refill, fewer and simpler programs
+        # to compile (a sentence alone, above all).
         pooled, rest = [], []
         for idx, length, shape in self.pools(lengths):
           if shape is None:
