@@ -149,3 +149,27 @@ def test_a_second_translation_reads_the_kept_parameters_without_orbax(tiny_train
     outs.append(proc.stdout.strip().splitlines()[-1])
   assert outs[0].endswith("True"), outs[0]
   assert outs[1] == outs[0][: -len("True")] + "False", outs
+
+
+@pytest.mark.slow
+def test_a_translation_imports_no_optimiser_no_metrics_and_warm_no_orbax(tiny_trained, tmp_path):
+  """`--mode=translate` of one sentence imports neither optax nor sacrebleu nor num2words (what
+  training, scoring and building the corpus need), and from a warm cache no Orbax either."""
+  workdir, _, _ = tiny_trained
+  script = (
+    "import runpy, sys\n"
+    f"sys.argv = ['transformer.main', '--mode=translate', '--workdir={workdir}', "
+    f"'--config.compilation_cache_dir={tmp_path / 'cache'}']\n"
+    "try:\n"
+    "  runpy.run_module('transformer.main', run_name='__main__')\n"
+    "except SystemExit as e:\n"
+    "  assert not e.code, e.code\n"
+    "print('imported', sorted(m for m in ('optax', 'sacrebleu', 'num2words', 'orbax.checkpoint')"
+    " if m in sys.modules))\n")
+  imported = []
+  for _ in range(2):
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, input="seven\n",
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"translating with {workdir} failed:\n{proc.stderr[-3000:]}"
+    imported.append(proc.stdout.strip().splitlines()[-1])
+  assert imported == ["imported ['orbax.checkpoint']", "imported []"], imported

@@ -20,10 +20,12 @@ The warm-up and the cosine are optax's schedules (`linear_schedule`, `join_sched
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax.numpy as jnp
-import optax
+
+if TYPE_CHECKING:
+  import optax
 
 SCHEDULES = ("paper", "inverse_sqrt", "cosine", "constant")
 # The schedules whose warm-up must have at least one step: 'paper' divides by warmup_steps and
@@ -48,6 +50,8 @@ def _warmup_then(init: float, peak: float, warmup_steps: int,
                  after: optax.Schedule) -> optax.Schedule:
   """Of the step number s: linear from `init` (s = 0) to `peak` (s = warmup_steps), then
   `after(s - warmup_steps)`; `after` alone without a warm-up."""
+  import optax  # here: a translation, which needs only the names above, never imports it
+
   if warmup_steps == 0:
     return after
   return optax.join_schedules([optax.linear_schedule(init, peak, warmup_steps), after],
@@ -70,12 +74,16 @@ def cosine_schedule(peak: float, warmup_steps: int, total_steps: int, init: floa
                     end: float = 0.0) -> optax.Schedule:
   """Linear warm-up from `init` to `peak` over `warmup_steps` steps, then a half cosine from
   `peak` down to `end` at step `total_steps` (> warmup_steps), and `end` after it."""
+  import optax
+
   return _by_count(optax.warmup_cosine_decay_schedule(init, peak, warmup_steps, total_steps,
                                                       end_value=end))
 
 
 def constant_schedule(value: float, warmup_steps: int = 0, init: float = 0.0) -> optax.Schedule:
   """`value`, after a linear warm-up from `init` over `warmup_steps` steps (0: none)."""
+  import optax
+
   return _by_count(_warmup_then(init, value, warmup_steps, optax.constant_schedule(value)))
 
 

@@ -36,7 +36,6 @@ import os
 from collections.abc import Iterator
 
 import numpy as np
-from num2words import num2words
 
 from transformer import storage
 
@@ -104,6 +103,9 @@ def split_of(numbers: np.ndarray) -> np.ndarray:
 
 @functools.cache
 def _small_words(lang: str) -> tuple[str, ...]:
+  # Imported here: only building the corpus spells numbers, not translating or training.
+  from num2words import num2words
+
   return tuple(num2words(n, lang=lang) for n in range(1000))
 
 

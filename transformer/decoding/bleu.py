@@ -12,16 +12,23 @@ paper-comparable BLEU.
 """
 
 import dataclasses
+import functools
 import re
-
-from sacrebleu.metrics import BLEU, CHRF, TER
-from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
 
 # A hyphen between two non-space characters, as in t2t's `s{(\S)-(\S)}{$1 ##AT##-##AT## $2}g`.
 # Lookarounds also split every hyphen of a chain ("a-b-c"), which the Perl substitution
 # leaves half done because its matches cannot overlap.
 _COMPOUND_HYPHEN = re.compile(r"(?<=\S)-(?=\S)")
-_TOKENIZE_13A = Tokenizer13a()
+
+# sacrebleu is imported where a score is computed: a translation that scores nothing (every
+# `--mode=translate` of a file) does not pay for its import (benchmarks/startup.py).
+
+
+@functools.cache
+def _tokenize_13a():
+  from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
+
+  return Tokenizer13a()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +59,8 @@ def corpus_bleu(hypotheses: list[str], references: list[str]) -> CorpusScore:
     hypotheses: N detokenized system outputs.
     references: N detokenized references, aligned with `hypotheses`.
   """
+  from sacrebleu.metrics import BLEU
+
   _check(hypotheses, references)
   metric = BLEU()
   result = metric.corpus_score(hypotheses, [references])
@@ -75,7 +84,7 @@ def tokenize_for_bleu(text: str) -> str:
   words, so the compound splitting afterwards sees the same "X-Y" tokens. (13a also detaches
   a hyphen that follows a digit, "1990-91" -> "1990 - 91", where Moses would keep it.)
   """
-  return split_compounds(_TOKENIZE_13A(text.strip()))
+  return split_compounds(_tokenize_13a()(text.strip()))
 
 
 def tokenized_bleu(hypotheses: list[str], references: list[str]) -> CorpusScore:
@@ -90,6 +99,8 @@ def tokenized_bleu(hypotheses: list[str], references: list[str]) -> CorpusScore:
     hypotheses: N detokenized system outputs.
     references: N detokenized references, aligned with `hypotheses`.
   """
+  from sacrebleu.metrics import BLEU
+
   _check(hypotheses, references)
   metric = BLEU(tokenize="none", smooth_method="none")
   result = metric.corpus_score(
@@ -105,6 +116,8 @@ METRICS = ("bleu", "chrf", "ter")
 
 def corpus_scores(hypotheses: list[str], references: list[str]) -> dict[str, CorpusScore]:
   """sacrebleu's BLEU, chrF and TER (default settings, one reference) by name (`METRICS`)."""
+  from sacrebleu.metrics import BLEU, CHRF, TER
+
   _check(hypotheses, references)
   out = {}
   for name, metric in (("bleu", BLEU()), ("chrf", CHRF()), ("ter", TER())):

@@ -15,14 +15,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from sacrebleu.metrics import BLEU, CHRF
-
 UTILITIES = ("chrf", "bleu")
 SAMPLERS = ("sample", "beam")
 
 
 def utility_function(name: str) -> Callable[[str, str], float]:
   """utility(hypothesis, reference) -> sacrebleu's sentence score in [0, 100]."""
+  # Imported here: a translation without MBR does not pay for sacrebleu (benchmarks/startup.py).
+  from sacrebleu.metrics import BLEU, CHRF
+
   if name == "chrf":
     metric = CHRF()
   elif name == "bleu":

@@ -13,15 +13,20 @@ use. The learning-rate schedules are in `transformer/schedules.py`.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import optax
 from flax import struct
 
 from transformer.data.packing import packing_kwargs
+
+if TYPE_CHECKING:
+  import optax
+
+# optax is imported by the functions that build or apply the optimiser: inference imports this
+# module (the loss, `optimizer_value`) and never pays for optax's import (benchmarks/startup.py).
 
 Array = jax.Array
 
@@ -110,6 +115,8 @@ def make_optimizer(config: Any, learning_rate_fn: optax.Schedule) -> optax.Gradi
   update is -lr * (Adam's step + weight_decay * param) on the parameters of `decay_mask`, the
   decay scaled by the scheduled rate as optax (and PyTorch) do. 0 is plain Adam, as before.
   """
+  import optax
+
   opt = config.optimizer
   weight_decay = optimizer_value(config, "weight_decay")
   if weight_decay > 0:
@@ -281,6 +288,8 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
 
     def update(params, opt_state, grads):
+      import optax
+
       updates, new_opt_state = tx.update(grads, opt_state, params)
       return optax.apply_updates(params, updates), new_opt_state
 
