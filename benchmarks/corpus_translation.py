@@ -24,6 +24,7 @@ same rounds, for the gain of in-flight batching and a check that both write the 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import time
 from typing import Any
@@ -147,72 +148,76 @@ def run_benchmark(workdir: str, input_path: str | None, lines: int | None, round
   if workdir_lib.load(workdir) is None:
     raise UserError(f"--workdir={workdir}: no {workdir_lib.CONFIG}; train it first")
   scratch = tempfile.mkdtemp(prefix="corpus-bench-")
-  source = input_path
-  if input_path is None:
-    input_path = os.path.join(scratch, "input.txt")
-    write_numbers_input(input_path, 20000 if lines is None else lines)
-  elif lines is not None:
-    input_path = os.path.join(scratch, "input.txt")
-    write_lines_of(source, input_path, lines)
-  count = files.count_lines(input_path)
-  import jax
+  try:
+    source = input_path
+    if input_path is None:
+      input_path = os.path.join(scratch, "input.txt")
+      write_numbers_input(input_path, 20000 if lines is None else lines)
+    elif lines is not None:
+      input_path = os.path.join(scratch, "input.txt")
+      write_lines_of(source, input_path, lines)
+    count = files.count_lines(input_path)
+    import jax
 
-  record: dict[str, Any] = {"lines": count, "rounds": rounds, "threads": threads,
-                            "devices": jax.device_count(), "rows": [],
-                            "input": source or "the numbers corpus's test split",
-                            "decode": dict(decode or {})}
-  exported = None
+    record: dict[str, Any] = {"lines": count, "rounds": rounds, "threads": threads,
+                              "devices": jax.device_count(), "rows": [],
+                              "input": source or "the numbers corpus's test split",
+                              "decode": dict(decode or {})}
+    exported = None
 
-  def restored(fields):
-    config = workdir_lib.load(workdir)
-    with config.unlocked():
-      for k, v in {**(decode or {}), **fields}.items():
-        config.decode[k] = v
-      config.decode.chunk_size = max(count, 1)
-    return infer.restore(config, workdir), config
+    def restored(fields):
+      config = workdir_lib.load(workdir)
+      with config.unlocked():
+        for k, v in {**(decode or {}), **fields}.items():
+          config.decode[k] = v
+        config.decode.chunk_size = max(count, 1)
+      return infer.restore(config, workdir), config
 
-  for name, fields in searches.items():
-    model, config = restored(fields)
-    if exported is None:
-      exported = export.export_restored(model, os.path.join(scratch, "ct2"))
-    ours_out, ct2_out = (os.path.join(scratch, f"{who}.txt") for who in ("ours", "ct2"))
-    first = ours(model, config, input_path, ours_out)
-    times: dict[str, list[float]] = {"ours": [], **{batch_name(b): [] for b in ct2_batches}}
-    if lockstep:
-      steady, steady_config = restored({**fields, "in_flight": False})
-      steady_out = os.path.join(scratch, "lockstep.txt")
-      times["lockstep"] = []
-      ours(steady, steady_config, input_path, steady_out)  # its programs compiled
-    same = {}
-    for _ in range(rounds):
-      times["ours"].append(ours(model, config, input_path, ours_out))
+    for name, fields in searches.items():
+      model, config = restored(fields)
+      if exported is None:
+        exported = export.export_restored(model, os.path.join(scratch, "ct2"))
+      ours_out, ct2_out = (os.path.join(scratch, f"{who}.txt") for who in ("ours", "ct2"))
+      first = ours(model, config, input_path, ours_out)
+      times: dict[str, list[float]] = {"ours": [], **{batch_name(b): [] for b in ct2_batches}}
       if lockstep:
-        times["lockstep"].append(ours(steady, steady_config, input_path, steady_out))
-        same["lockstep"] = same_lines(ours_out, steady_out)
-      for batch in ct2_batches:
-        times[batch_name(batch)].append(ctranslate2_file(
-          exported, os.path.join(exported, export.SPM_NAME), input_path, ct2_out,
-          beam_size=model.translator.search.beam_size if fields["method"] == "beam" else 1,
-          alpha=model.translator.search.alpha, batch=batch, max_len=config.model.max_len,
-          threads=threads))
-        same[batch_name(batch)] = same_lines(ours_out, ct2_out)
-    best = {k: min(v) for k, v in times.items()}
-    fastest = min((batch_name(b) for b in ct2_batches), key=best.get)
-    record["rows"].append({
-      "search": name, "ours_first_s": first, "ours_s": best["ours"],
-      "ours_sentences_per_s": count / best["ours"],
-      "ct2": [{"batch": batch_name(b), "s": best[batch_name(b)],
-               "sentences_per_s": count / best[batch_name(b)], "same_lines": same[batch_name(b)]}
-              for b in ct2_batches],
-      "ct2_fastest": fastest, "ct2_s": best[fastest], "ct2_sentences_per_s": count / best[fastest],
-      "ratio": best[fastest] / best["ours"], "same_lines": same[fastest], "times": times})
-    if lockstep:
-      record["rows"][-1]["lockstep"] = {"s": best["lockstep"],
-                                        "sentences_per_s": count / best["lockstep"],
-                                        "same_lines": same["lockstep"]}
-  record["parameters"] = model.label
-  record["workdir"] = workdir
-  return record
+        steady, steady_config = restored({**fields, "in_flight": False})
+        steady_out = os.path.join(scratch, "lockstep.txt")
+        times["lockstep"] = []
+        ours(steady, steady_config, input_path, steady_out)  # its programs compiled
+      same = {}
+      for _ in range(rounds):
+        times["ours"].append(ours(model, config, input_path, ours_out))
+        if lockstep:
+          times["lockstep"].append(ours(steady, steady_config, input_path, steady_out))
+          same["lockstep"] = same_lines(ours_out, steady_out)
+        for batch in ct2_batches:
+          times[batch_name(batch)].append(ctranslate2_file(
+            exported, os.path.join(exported, export.SPM_NAME), input_path, ct2_out,
+            beam_size=model.translator.search.beam_size if fields["method"] == "beam" else 1,
+            alpha=model.translator.search.alpha, batch=batch, max_len=config.model.max_len,
+            threads=threads))
+          same[batch_name(batch)] = same_lines(ours_out, ct2_out)
+      best = {k: min(v) for k, v in times.items()}
+      fastest = min((batch_name(b) for b in ct2_batches), key=best.get)
+      record["rows"].append({
+        "search": name, "ours_first_s": first, "ours_s": best["ours"],
+        "ours_sentences_per_s": count / best["ours"],
+        "ct2": [{"batch": batch_name(b), "s": best[batch_name(b)],
+                 "sentences_per_s": count / best[batch_name(b)], "same_lines": same[batch_name(b)]}
+                for b in ct2_batches],
+        "ct2_fastest": fastest, "ct2_s": best[fastest],
+        "ct2_sentences_per_s": count / best[fastest],
+        "ratio": best[fastest] / best["ours"], "same_lines": same[fastest], "times": times})
+      if lockstep:
+        record["rows"][-1]["lockstep"] = {"s": best["lockstep"],
+                                          "sentences_per_s": count / best["lockstep"],
+                                          "same_lines": same["lockstep"]}
+    record["parameters"] = model.label
+    record["workdir"] = workdir
+    return record
+  finally:
+    shutil.rmtree(scratch, ignore_errors=True)
 
 
 def report_lines(record: dict[str, Any]) -> list[str]:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -149,55 +150,58 @@ def run(workdir: str, lines: int, threads: int, baseline: str | None = None,
   from transformer.interop import export
 
   scratch = tempfile.mkdtemp(prefix="startup-bench-")
-  corpus = os.path.join(scratch, "input.txt")
-  if input_path is None:
-    write_numbers_input(corpus, lines)
-  else:
-    write_lines_of(input_path, corpus, lines)
-  with open(corpus) as f:
-    sentence = f.readline().strip()
-  one = os.path.join(scratch, "one.txt")
-  with open(one, "w") as f:
-    f.write(sentence + "\n")
-  config = workdir_lib.load(workdir)
-  model = infer.restore(config, workdir)
-  ct2 = export.export_restored(model, os.path.join(scratch, "ct2"))
-  beam = model.translator.beam_size if model.translator.search.method == "beam" else 1
-  all_batches = ct2_batches or CT2_BATCHES
-  rows = []
-  for name, path in (("one sentence", None), (f"{lines:,} lines", corpus)):
-    cache = os.path.join(scratch, f"cache-{len(rows)}")
-    row = {"input": name}
-    outputs = set()
-    for state in ("cold", "warm"):
-      row[f"whole {state}"], text = whole(workdir, cache, path, os.path.join(scratch, "out"),
-                                          sentence=sentence)
-      outputs.add(text)
-    if baseline:
+  try:
+    corpus = os.path.join(scratch, "input.txt")
+    if input_path is None:
+      write_numbers_input(corpus, lines)
+    else:
+      write_lines_of(input_path, corpus, lines)
+    with open(corpus) as f:
+      sentence = f.readline().strip()
+    one = os.path.join(scratch, "one.txt")
+    with open(one, "w") as f:
+      f.write(sentence + "\n")
+    config = workdir_lib.load(workdir)
+    model = infer.restore(config, workdir)
+    ct2 = export.export_restored(model, os.path.join(scratch, "ct2"))
+    beam = model.translator.beam_size if model.translator.search.method == "beam" else 1
+    all_batches = ct2_batches or CT2_BATCHES
+    rows = []
+    for name, path in (("one sentence", None), (f"{lines:,} lines", corpus)):
+      cache = os.path.join(scratch, f"cache-{len(rows)}")
+      row = {"input": name}
+      outputs = set()
       for state in ("cold", "warm"):
-        row[f"baseline {state}"], text = whole(workdir, cache + "-baseline", path,
-                                               os.path.join(scratch, "out"), repo=baseline,
-                                               sentence=sentence)
+        row[f"whole {state}"], text = whole(workdir, cache, path, os.path.join(scratch, "out"),
+                                            sentence=sentence)
         outputs.add(text)
-    # Every process of both checkouts, cold and warm, wrote the same bytes.
-    row["same output"] = len(outputs) == 1
-    row["programs"] = kept_programs(cache)
-    if baseline:
-      row["baseline programs"] = kept_programs(cache + "-baseline")
-    parts_cache = os.path.join(scratch, f"parts-{len(rows)}")
-    for state in ("cold", "warm"):
-      row[f"parts {state}"] = parts(workdir, parts_cache, path or one)
-    # One sentence is one batch under any batching.
-    batches = all_batches[:1] if path is None else all_batches
-    row["ctranslate2 by batch"] = {
-      batch_name(b): ctranslate2_process(ct2, path, beam, threads, config.model.max_len, b,
-                                         sentence)
-      for b in batches}
-    row["ctranslate2"] = min(row["ctranslate2 by batch"].values())
-    rows.append(row)
-  return {"workdir": workdir, "parameters": model.label, "beam": beam, "lines": lines,
-          "input": input_path or "the numbers corpus's test split", "sentence": sentence,
-          "threads": threads, "rows": rows, "baseline": baseline}
+      if baseline:
+        for state in ("cold", "warm"):
+          row[f"baseline {state}"], text = whole(workdir, cache + "-baseline", path,
+                                                 os.path.join(scratch, "out"), repo=baseline,
+                                                 sentence=sentence)
+          outputs.add(text)
+      # Every process of both checkouts, cold and warm, wrote the same bytes.
+      row["same output"] = len(outputs) == 1
+      row["programs"] = kept_programs(cache)
+      if baseline:
+        row["baseline programs"] = kept_programs(cache + "-baseline")
+      parts_cache = os.path.join(scratch, f"parts-{len(rows)}")
+      for state in ("cold", "warm"):
+        row[f"parts {state}"] = parts(workdir, parts_cache, path or one)
+      # One sentence is one batch under any batching.
+      batches = all_batches[:1] if path is None else all_batches
+      row["ctranslate2 by batch"] = {
+        batch_name(b): ctranslate2_process(ct2, path, beam, threads, config.model.max_len, b,
+                                           sentence)
+        for b in batches}
+      row["ctranslate2"] = min(row["ctranslate2 by batch"].values())
+      rows.append(row)
+    return {"workdir": workdir, "parameters": model.label, "beam": beam, "lines": lines,
+            "input": input_path or "the numbers corpus's test split", "sentence": sentence,
+            "threads": threads, "rows": rows, "baseline": baseline}
+  finally:
+    shutil.rmtree(scratch, ignore_errors=True)
 
 
 def report_lines(record: dict[str, Any]) -> list[str]:

@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -265,46 +266,49 @@ def check_commands(commands: list[tuple[str, list[str], str]]) -> list[str]:
   from absl import flags
 
   stand_ins = tempfile.mkdtemp(prefix="doc-workdirs-")
+  try:
 
-  FLAGS = flags.FLAGS
-  errors = []
-  by_module: dict[str, list[tuple[list[str], str]]] = {}
-  for module_name, argv, where in commands:
-    by_module.setdefault(module_name, []).append((argv, where))
-  for module_name, runs in by_module.items():
-    before = set(FLAGS)
-    try:
-      parse = command_parser(module_name)
-    except Exception as e:  # noqa: BLE001 - reported as the documentation's error
-      errors.append(f"{runs[0][1]}: python -m {module_name}: {type(e).__name__}: {e}")
-      continue
-    for argv, where in runs:
-      if module_name == "transformer.main":
-        try:
-          argv = with_stand_in_workdir(argv, stand_ins)
-        except Exception as e:  # noqa: BLE001 - reported as the documentation's error
-          errors.append(f"{where}: python -m {module_name}: {e}")
-          continue
-      full = [module_name, *argv]
-      for name in [n for n in FLAGS if "." in n]:  # the last command's config overrides
-        delattr(FLAGS, name)
-      FLAGS.unparse_flags()
-      sys.argv = full  # ml-collections reads the overrides from sys.argv
-      stderr = io.StringIO()
+    FLAGS = flags.FLAGS
+    errors = []
+    by_module: dict[str, list[tuple[list[str], str]]] = {}
+    for module_name, argv, where in commands:
+      by_module.setdefault(module_name, []).append((argv, where))
+    for module_name, runs in by_module.items():
+      before = set(FLAGS)
       try:
-        with contextlib.redirect_stderr(stderr):
-          rest = parse(full)
-          for name in list(FLAGS):
-            getattr(FLAGS[name].value, "to_dict", None)  # a config file loads on first use
-        if rest[1:]:
-          raise ValueError(f"unexpected arguments {rest[1:]}")
-      except (Exception, SystemExit) as e:  # noqa: BLE001 - the parsers exit 2 on an error
-        message = (stderr.getvalue().strip().splitlines() or [""])[-1]
-        if not isinstance(e, SystemExit):
-          message = f"{type(e).__name__}: {str(e).strip().splitlines()[0]}"
-        errors.append(f"{where}: {shlex.join(['python', '-m', *full])}: {message}")
-    for name in set(FLAGS) - before:
-      delattr(FLAGS, name)
+        parse = command_parser(module_name)
+      except Exception as e:  # noqa: BLE001 - reported as the documentation's error
+        errors.append(f"{runs[0][1]}: python -m {module_name}: {type(e).__name__}: {e}")
+        continue
+      for argv, where in runs:
+        if module_name == "transformer.main":
+          try:
+            argv = with_stand_in_workdir(argv, stand_ins)
+          except Exception as e:  # noqa: BLE001 - reported as the documentation's error
+            errors.append(f"{where}: python -m {module_name}: {e}")
+            continue
+        full = [module_name, *argv]
+        for name in [n for n in FLAGS if "." in n]:  # the last command's config overrides
+          delattr(FLAGS, name)
+        FLAGS.unparse_flags()
+        sys.argv = full  # ml-collections reads the overrides from sys.argv
+        stderr = io.StringIO()
+        try:
+          with contextlib.redirect_stderr(stderr):
+            rest = parse(full)
+            for name in list(FLAGS):
+              getattr(FLAGS[name].value, "to_dict", None)  # a config file loads on first use
+          if rest[1:]:
+            raise ValueError(f"unexpected arguments {rest[1:]}")
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - the parsers exit 2 on an error
+          message = (stderr.getvalue().strip().splitlines() or [""])[-1]
+          if not isinstance(e, SystemExit):
+            message = f"{type(e).__name__}: {str(e).strip().splitlines()[0]}"
+          errors.append(f"{where}: {shlex.join(['python', '-m', *full])}: {message}")
+      for name in set(FLAGS) - before:
+        delattr(FLAGS, name)
+  finally:
+    shutil.rmtree(stand_ins, ignore_errors=True)
   return errors
 
 
