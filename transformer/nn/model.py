@@ -156,8 +156,8 @@ MODE_AUTOREGRESSIVE = "autoregressive"  # one target token: extend the cache and
 DECODE_MODES = (MODE_PREFILL, MODE_AUTOREGRESSIVE)
 
 # The cache entries of `MultiHeadAttention` and `Decoder`, by their name in the collection.
-CROSS_KEY, CROSS_VALUE = "cross_key", "cross_value"  # [b, s, h, k] encoder-side keys, values
-CACHED_KEY, CACHED_VALUE = "cached_key", "cached_value"  # [b, L, h, k] self-attention's
+CROSS_KEY, CROSS_VALUE = "cross_key", "cross_value"  # [b, h, s, k] encoder-side keys, values
+CACHED_KEY, CACHED_VALUE = "cached_key", "cached_value"  # [b, h, L, k] self-attention's
 KV_OWNER = "kv_owner"  # bool [b, K, L]: which row of its group holds each past position
 CACHE_INDEX = "cache_index"  # int [b]: each row's next position to write
 POSITION = "position"  # int [b]: the decoder's next target position
