@@ -32,8 +32,10 @@ Array = jax.Array
 
 
 # In-flight batching (`Translator.pool_shape`): a pool holds up to this many batches of sources,
-# and an eighth of a device's slots is refilled at once.
-POOL_BATCHES = 16
+# and an eighth of a device's slots is refilled at once. Each pool ends with its slots draining
+# (stopped slots step on until its last sentence stops), so pools are large: 64 batches, not 16,
+# took 1.03x to 1.07x less time on the messages model (docs/decoding.md).
+POOL_BATCHES = 64
 REFILL_PART = 8
 
 
