@@ -185,6 +185,17 @@ def compile_all(lowered: Mapping[str, Callable[[], Any]],
 
 
 EXECUTABLES_DIR = "executables"
+
+
+def beside_persistent_cache(name: str, cache: str | None = None) -> str | None:
+  """`<cache>/<name>`: where a process keeps something for the next one (compiled programs,
+  restored parameters, the model's layout) beside the persistent compilation cache `cache`
+  (default: JAX's, where in use). None without a cache, on a remote one (what is kept there is
+  read and written as local files), or in a run of several processes (each holds its part)."""
+  cache = cache or jax.config.jax_compilation_cache_dir
+  if not cache or storage.is_remote(cache) or jax.process_count() != 1:
+    return None
+  return os.path.join(cache, name)
 _COMPILE_LOCK = threading.Lock()
 
 
@@ -281,9 +292,7 @@ class Executables:
     """Kept in `<persistent compilation cache>/executables` when that cache is in use, in a
     single-process run (the programs of several processes, over every host's devices, are
     left to JAX's own cache)."""
-    cache = jax.config.jax_compilation_cache_dir
-    keep = cache and jax.process_count() == 1
-    return cls(os.path.join(cache, EXECUTABLES_DIR) if keep else None)
+    return cls(beside_persistent_cache(EXECUTABLES_DIR))
 
   def get(self, name: str, parts: Any, jitted: Any, args: Sequence[Any]) -> Any:
     """The compiled `jitted` for `args` (concrete arrays or `jax.ShapeDtypeStruct`s)."""

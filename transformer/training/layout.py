@@ -109,12 +109,12 @@ def kept_parameter_layout(model_config: ModelConfig, cache: str | None = None) -
   """The file that keeps the parameter layout of `model_config` beside the persistent
   compilation cache `cache` (default: JAX's, where in use; module docstring); None without a
   cache, on a remote cache, or in a run of several processes."""
-  cache = cache or jax.config.jax_compilation_cache_dir
-  if not cache or storage.is_remote(cache) or jax.process_count() != 1:
+  directory = compilation.beside_persistent_cache(LAYOUTS_DIR, cache)
+  if directory is None:
     return None
   text = json.dumps({"model": dataclasses.asdict(model_config), "code": compilation.code_version(),
                      "versions": [jax.__version__, flax.__version__]}, sort_keys=True, default=str)
-  return os.path.join(cache, LAYOUTS_DIR, hashlib.sha256(text.encode()).hexdigest()[:32] + ".json")
+  return os.path.join(directory, hashlib.sha256(text.encode()).hexdigest()[:32] + ".json")
 
 
 def _entries(tree: Any, prefix: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:

@@ -32,7 +32,7 @@ import jax
 import numpy as np
 from absl import logging
 
-from transformer import safetensors_file, storage
+from transformer import compilation, safetensors_file, storage
 from transformer import workdir as workdir_lib
 
 PARAMETERS_DIR = "parameters"
@@ -69,9 +69,7 @@ class ParameterCache:
   def beside_persistent_cache(cls) -> ParameterCache:
     """In `<persistent compilation cache>/parameters` when that cache is in use and this is a
     single-process run."""
-    cache = jax.config.jax_compilation_cache_dir
-    keep = cache and jax.process_count() == 1
-    return cls(os.path.join(cache, PARAMETERS_DIR) if keep else None)
+    return cls(compilation.beside_persistent_cache(PARAMETERS_DIR))
 
   def key(self, workdir: str, choice: workdir_lib.Choice, meta: dict[str, Any], ema: bool,
           abstract_params: Any) -> str | None:
