@@ -353,36 +353,33 @@ def _cached_attention(query: Array, key: Array, value: Array, owners: Array) -> 
   """One decoding step of attention over the self-attention caches of a group of rows.
 
   query [b, 1, h, k]; key, value: the caches [b, h, L, k]; owners bool [b, K, L]. Rows come in
-  groups of K (b = n * K): row n K + j attends to position l of row n K + i where
-  owners[n K + j, i, l], so beams read each other's caches where their hypotheses share a
-  prefix, and beam search never copies a cache. K = 1: every row attends over its own cache,
-  up to the current position. Same arithmetic as `attention._xla_attention`.
-  Returns [b, 1, h, k].
+  groups of K (b = n K): position l of the hypothesis in row n K + j was written by row
+  n K + i where owners[n K + j, i, l] (one i up to the row's step, none past it), so beams share
+  the cache of a common prefix and beam search never copies a cache. Each row gathers its own
+  hypothesis' keys and values [b, h, L, k] from its group and attends over them as
+  `attention._xla_attention` does over a sequence's. K = 1: every row attends over its own
+  cache, up to the current position. Returns [b, 1, h, k].
   """
   rows, _, heads, head_dim = query.shape
   group, length = owners.shape[1:]
-  n = rows // group
-  # The key row i is a batch axis of both products, so the caches are read as stored, never
-  # transposed at a step; each query is repeated over the K rows of its group.
-  q = query.reshape(n, group, heads, head_dim).transpose(0, 2, 1, 3)  # [n, h, j, k]
-  q = jnp.broadcast_to(q[:, None], (n, group, heads, group, head_dim))  # [n, i, h, j, k]
-  k = key.reshape(n, group, heads, length, head_dim)  # [n, i, h, l, k]
-  v = value.reshape(n, group, heads, length, head_dim)
-  if group == 1:
-    logits = jnp.einsum("nihjk,nihlk->nihjl", q, k, preferred_element_type=jnp.float32)
-  else:
-    # K x K x L products of head_dim terms per head: as one fused multiply-reduce, each key
-    # is read once (beam 4 on the numbers model, 64 sentences, AVX2: 164 -> 232 sentences/s;
-    # with K = 1 the product above is 2.2x faster).
-    logits = jnp.sum(q[..., None, :].astype(jnp.float32)
-                     * k[:, :, :, None].astype(jnp.float32), axis=-1)
+  if group > 1:
+    # K x L products per row, not the K x K x L of attending over the whole group with the
+    # others' positions masked (several times slower on XLA:CPU: docs/decoding.md).
+    holder = jnp.argmax(owners, axis=1)  # [b, L]: the row of its group that wrote position l
+    source = (jnp.arange(rows) // group * group)[:, None] + holder  # [b, L]
+    heads_at = jnp.arange(heads)[None, :, None]
+    positions = jnp.arange(length)[None, None, :]
+
+    def own(x):  # [b, h, L, k] -> each row's hypothesis' [b, h, L, k]
+      return x.at[source[:, None, :], heads_at, positions].get(mode="promise_in_bounds")
+
+    key, value = own(key), own(value)
+  logits = jnp.einsum("bqhk,bhlk->bhql", query, key, preferred_element_type=jnp.float32)
   logits = logits * head_dim ** -0.5
-  mask = owners.reshape(n, group, group, length).transpose(0, 2, 1, 3)[:, :, None]  # [n,i,1,j,l]
+  mask = jnp.any(owners, axis=1)[:, None, None, :]  # [b, 1, 1, L]
   logits = jnp.where(mask, logits, attn_lib.MASKED)
-  # One softmax over every (row, position) the query may attend to.
-  weights = jnp.where(mask, jax.nn.softmax(logits, axis=(1, 4)), 0.0)
-  out = jnp.einsum("nihjl,nihlk->nihjk", weights.astype(value.dtype), v).sum(axis=1)
-  return out.transpose(0, 2, 1, 3).reshape(rows, 1, heads, head_dim).astype(query.dtype)
+  weights = jnp.where(mask, jax.nn.softmax(logits, axis=-1), 0.0)
+  return jnp.einsum("bhql,bhlk->bqhk", weights.astype(value.dtype), value).astype(query.dtype)
 
 
 def _cross_attention_step(query: Array, key: Array, value: Array, kv_mask: Array) -> Array:
