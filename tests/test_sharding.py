@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -236,3 +237,56 @@ def test_two_processes_translate_a_file_as_one_does(tiny_trained, tmp_path):
     assert p.returncode == 0, err[-3000:]
   assert (tmp_path / "two0.jsonl").read_text() == (tmp_path / "one.jsonl").read_text()
   assert not (tmp_path / "two1.jsonl").exists()  # process 1 writes nothing
+
+
+def test_beam_search_on_a_split_mesh_gives_one_devices_outputs_and_gathers_no_cache():
+  """A lockstep beam search with the batch over data and fsdp and the heads over tensor: the
+  same hypotheses as on one device, and no device gathers the self-attention caches of the
+  others (each row's hypothesis is taken from its own sentence's rows, where they are)."""
+  import re
+
+  import flax.linen as nn
+  from ml_collections import config_dict
+
+  from transformer.decoding import translate
+  from transformer.nn.model import ModelConfig, Transformer
+
+  cfg = ModelConfig(vocab_size=40, num_layers=2, d_model=32, d_ff=64, num_heads=4, max_len=48,
+                    dropout_rate=0.0, logits_bias=True)
+  src = jnp.ones((1, 8), jnp.int32)
+  boxed = Transformer(cfg).init(jax.random.key(0), src, src)["params"]
+  params = nn.unbox(boxed)
+  bias = params["decoder"]["logits_bias"]  # EOS less likely: outputs of several tokens
+  params = {**params, "decoder": {**params["decoder"], "logits_bias": bias.at[1].set(-2.0)}}
+  rules = sharding_lib.rules(numbers_config.get_config("tiny"))
+
+  def translator(data, fsdp, tensor):
+    mesh = sharding_lib.make_mesh(
+      config_dict.ConfigDict({"data": data, "fsdp": fsdp, "tensor": tensor}),
+      jax.devices()[:data * fsdp * tensor])
+    shardings = sharding_lib.logical_shardings(boxed, mesh, rules)
+    decode = config_dict.ConfigDict({"method": "beam", "beam_size": 4, "alpha": 0.6,
+                                     "max_extra_len": 20, "batch_size": 16,
+                                     "in_flight": False})
+    return translate.Translator(cfg, decode, mesh, shardings, bucket_lengths=(8, 16)), shardings
+
+  rng = np.random.default_rng(0)
+  sources = [[*rng.integers(2, 40, rng.integers(2, 8)), 1] for _ in range(32)]
+  one, _ = translator(1, 1, 1)
+  split, shardings = translator(2, 2, 2)
+  split_params = jax.device_put(params, shardings)
+  want = one.search_ids(params, sources)
+  got = split.search_ids(split_params, sources)
+  assert [h[0].ids for h in got] == [h[0].ids for h in want]
+  assert len({len(h[0].ids) for h in got}) > 1
+
+  (key,) = [k for k in split._fns if k[0] == "decode"]
+  rows = split.rows_per_batch(8, len(sources))
+  args = [split._global(np.ones((rows, 8), np.int32)),
+          split._global(np.arange(rows, dtype=np.int32))]
+  hlo = split._fns[key].lower(split_params, *args).compile().as_text()
+  head_dim = cfg.d_model // cfg.num_heads
+  gathered = re.findall(r"= f32\[(\d+),(\d+),(\d+),(\d+)\]\S* all-gather\(", hlo)
+  caches = [g for g in gathered if (int(g[0]), int(g[1]), int(g[3])) ==
+            (rows * 4, cfg.num_heads, head_dim)]
+  assert not caches, f"all-gathers of self-attention caches [rows, heads, L, k]: {caches}"

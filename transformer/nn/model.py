@@ -364,14 +364,14 @@ def _cached_attention(query: Array, key: Array, value: Array, owners: Array) -> 
   group, length = owners.shape[1:]
   if group > 1:
     # K x L products per row, not the K x K x L of attending over the whole group with the
-    # others' positions masked (several times slower on XLA:CPU: docs/decoding.md).
-    holder = jnp.argmax(owners, axis=1)  # [b, L]: the row of its group that wrote position l
-    source = (jnp.arange(rows) // group * group)[:, None] + holder  # [b, L]
-    heads_at = jnp.arange(heads)[None, :, None]
-    positions = jnp.arange(length)[None, None, :]
+    # others' positions masked (several times slower on XLA:CPU: docs/decoding.md). Taken
+    # along the group's axis, the sentences, heads and positions are batch axes of the
+    # gather: a cache split over devices by rows or heads is gathered where it is.
+    holder = jnp.argmax(owners, axis=1).reshape(rows // group, group, 1, length, 1)
 
     def own(x):  # [b, h, L, k] -> each row's hypothesis' [b, h, L, k]
-      return x.at[source[:, None, :], heads_at, positions].get(mode="promise_in_bounds")
+      x = x.reshape(rows // group, group, heads, length, head_dim)
+      return jnp.take_along_axis(x, holder, axis=1, mode="promise_in_bounds").reshape(key.shape)
 
     key, value = own(key), own(value)
   logits = jnp.einsum("bqhk,bhlk->bhql", query, key, preferred_element_type=jnp.float32)
