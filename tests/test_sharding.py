@@ -259,13 +259,14 @@ def test_beam_search_on_a_split_mesh_gives_one_devices_outputs_and_gathers_no_ca
   bias = params["decoder"]["logits_bias"]  # EOS less likely: outputs of several tokens
   params = {**params, "decoder": {**params["decoder"], "logits_bias": bias.at[1].set(-2.0)}}
   rules = sharding_lib.rules(numbers_config.get_config("tiny"))
+  beam_size = 4
 
   def translator(data, fsdp, tensor):
     mesh = sharding_lib.make_mesh(
       config_dict.ConfigDict({"data": data, "fsdp": fsdp, "tensor": tensor}),
       jax.devices()[:data * fsdp * tensor])
     shardings = sharding_lib.logical_shardings(boxed, mesh, rules)
-    decode = config_dict.ConfigDict({"method": "beam", "beam_size": 4, "alpha": 0.6,
+    decode = config_dict.ConfigDict({"method": "beam", "beam_size": beam_size, "alpha": 0.6,
                                      "max_extra_len": 20, "batch_size": 16,
                                      "in_flight": False})
     return translate.Translator(cfg, decode, mesh, shardings, bucket_lengths=(8, 16)), shardings
@@ -288,5 +289,5 @@ def test_beam_search_on_a_split_mesh_gives_one_devices_outputs_and_gathers_no_ca
   head_dim = cfg.d_model // cfg.num_heads
   gathered = re.findall(r"= f32\[(\d+),(\d+),(\d+),(\d+)\]\S* all-gather\(", hlo)
   caches = [g for g in gathered if (int(g[0]), int(g[1]), int(g[3])) ==
-            (rows * 4, cfg.num_heads, head_dim)]
+            (rows * beam_size, cfg.num_heads, head_dim)]
   assert not caches, f"all-gathers of self-attention caches [rows, heads, L, k]: {caches}"

@@ -196,6 +196,8 @@ def beside_persistent_cache(name: str, cache: str | None = None) -> str | None:
   if not cache or storage.is_remote(cache) or jax.process_count() != 1:
     return None
   return os.path.join(cache, name)
+
+
 _COMPILE_LOCK = threading.Lock()
 
 
