@@ -191,6 +191,8 @@ def test_a_long_group_is_searched_by_one_pool_program(monkeypatch):
   shapes = [(length, len(idx), shape) for idx, length, shape in plan]
   assert [(length, n) for length, n, _ in shapes] == [(8, 8), (8, 8), (8, 3), (16, 3)]
   assert shapes[0][2] == shapes[1][2] == shapes[2][2] == (4, 8, 1) and shapes[3][2] is None
+  for idx, _, _ in plan[:3]:  # a pool's longest sources first, its last ones short
+    assert [len(sources[i]) for i in idx] == sorted((len(sources[i]) for i in idx), reverse=True)
   got = in_flight.search_ids(params, sources)
   want = lockstep.search_ids(params, sources)
   assert [h[0].ids for h in got] == [h[0].ids for h in want]

@@ -89,11 +89,11 @@ def test_parameter_counts_of_the_paper_models(variant, expected_millions):
 # Each positional encoding once, one with the scanned layer stack and one without.
 @pytest.mark.parametrize("positional,scan_layers", [("sinusoidal", False), ("learned", True)])
 def test_cached_decoding_equals_full_forward(scan_layers, positional):
-  """20 steps: past the first attention window (16 positions), so a step attends over a
-  window of the cache and later over the whole of it (`model.attention_windows`)."""
+  """30 steps: past the first two attention windows (16 and 24 positions), so a step attends
+  over windows of the cache and later over the whole of it (`model.attention_windows`)."""
   cfg = dataclasses.replace(TINY, scan_layers=scan_layers, positional=positional)
   rng = np.random.default_rng(2)
-  length = 20
+  length = 30
   src = _tokens(rng, (3, 6)).at[1, 4:].set(0)
   tgt = _tokens(rng, (3, length))
   variables = _init(cfg, src, tgt)
@@ -118,10 +118,11 @@ def test_cached_decoding_equals_full_forward(scan_layers, positional):
   np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=2e-5)
 
 
-def test_attention_windows_double_up_to_the_cache_length():
+def test_attention_windows_grow_by_half_up_to_the_cache_length():
   assert attention_windows(20) == (16, 20)
-  assert attention_windows(74) == (16, 32, 64, 74)
-  assert attention_windows(64) == (16, 32, 64)
+  assert attention_windows(74) == (16, 24, 32, 48, 64, 74)
+  assert attention_windows(64) == (16, 24, 32, 48, 64)
+  assert attention_windows(200) == (16, 24, 32, 48, 64, 96, 128, 192, 200)
   assert attention_windows(7) == (7,)
 
 

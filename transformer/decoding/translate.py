@@ -553,8 +553,10 @@ class Translator:
     """Indices of `lengths` grouped by padded length, shortest first, each group cut into
     pools of `pool_shape`'s size: [(indices, padded length, (slots, pool, refill))]. Every
     pool of a group, its partly filled last one too, has the group's shape, so that a length
-    compiles one program. The shape is None for a group that fits one batch: its sources
-    are searched in lockstep batches (no slot to refill)."""
+    compiles one program. A pool lists its sources longest first: the slots take the longest
+    sentences first and the last ones are short, so fewer slots wait for the pool's last
+    sentences to stop. The shape is None for a group that fits one batch: its sources are
+    searched in lockstep batches (no slot to refill)."""
     groups: dict[int, list[int]] = {}
     for i in sorted(range(len(lengths)), key=lambda i: lengths[i]):
       groups.setdefault(self.pad_length(lengths[i]), []).append(i)
@@ -564,8 +566,8 @@ class Translator:
         out.append((idx, length, None))
         continue
       shape = self.pool_shape(length, len(idx))
-      out.extend((idx[start:start + shape[1]], length, shape)
-                 for start in range(0, len(idx), shape[1]))
+      out.extend((sorted(idx[start:start + shape[1]], key=lambda i: (-lengths[i], i)), length,
+                  shape) for start in range(0, len(idx), shape[1]))
     return out
 
   def _pool_fn(self, nbest: int, src_len: int, max_len: int, slots: int, pool: int,
