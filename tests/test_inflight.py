@@ -197,3 +197,27 @@ def test_a_long_group_is_searched_by_one_pool_program(monkeypatch):
   want = lockstep.search_ids(params, sources)
   assert [h[0].ids for h in got] == [h[0].ids for h in want]
   assert len({len(h[0].ids) for h in got}) > 1  # outputs of several lengths
+
+
+@pytest.mark.parametrize("method,sentences", [("beam", 8), ("greedy", 24)])
+def test_greedy_pools_hold_beam_size_times_the_sentences(method, sentences):
+  """A greedy pool's slots are a beam search batch's rows: `decode.beam_size` times the
+  sentences (one row each), still within `decode.tokens_per_batch`; lockstep batches keep
+  `decode.batch_size`."""
+  from ml_collections import config_dict
+
+  from transformer import sharding as sharding_lib
+  from transformer.decoding import translate
+  from transformer.nn.model import ModelConfig
+
+  cfg = ModelConfig(vocab_size=40, num_layers=1, d_model=32, d_ff=64, num_heads=2, max_len=64)
+  mesh = sharding_lib.make_mesh(config_dict.ConfigDict({"data": 1, "fsdp": 1, "tensor": 1}),
+                                jax.devices()[:1])
+  decode = config_dict.ConfigDict({"method": method, "beam_size": 3, "alpha": 0.6,
+                                   "max_extra_len": 5, "batch_size": 8, "tokens_per_batch": 384,
+                                   "in_flight": True})
+  translator = translate.Translator(cfg, decode, mesh, None, bucket_lengths=(8, 16))
+  assert translator.pool_shape(8, 1000)[0] == sentences
+  assert translator.pool_shape(16, 1000)[0] == min(sentences, 384 // 16)
+  assert translator.rows_per_batch(8) == 8
+  assert translator.pool_shape(8, 12)[0] == (16 if method == "greedy" else 8)

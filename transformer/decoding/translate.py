@@ -536,17 +536,27 @@ class Translator:
 
   def pool_shape(self, length: int, group: int) -> tuple[int, int, int]:
     """(slots, pool, refill) of in-flight batching for `group` sources padded to `length`:
-    `rows_per_batch` slots (the power of two that holds a smaller group), a pool of up to
-    `POOL_BATCHES` times as many sources (fewer for a smaller group), and an eighth of each
-    device's slots refilled at once; global counts, each a multiple of the data-parallel size,
-    the pool of each device's refill."""
+    `rows_per_batch` slots (the power of two that holds a smaller group) of `pool_batch_size`
+    sentences, a pool of up to `POOL_BATCHES` times as many sources (fewer for a smaller
+    group), and an eighth of each device's slots refilled at once; global counts, each a
+    multiple of the data-parallel size, the pool of each device's refill."""
     dp = sharding_lib.data_parallel_size(self.mesh)
-    slots = self.rows_per_batch(length, group)
+    slots = self.rows_per_batch(length, group, self.pool_batch_size())
     per_device = slots // dp
     refill = max(1, per_device // REFILL_PART)
     batches = min(POOL_BATCHES, 1 << max(-(-group // slots) - 1, 0).bit_length())
     pool = -(-per_device * batches // refill) * refill
     return slots, pool * dp, refill
+
+  def pool_batch_size(self) -> int:
+    """The sentences of in-flight batching's slots: `decode.batch_size`, and for greedy search
+    `decode.beam_size` times as many, the rows of a beam search's batch. A greedy step searches
+    one row per sentence, and on 64 rows its products ran far below the matmul rate that a
+    beam search's 256 rows reach (docs/decoding.md); a slot's row holds as much cache as a
+    beam's, so the batch takes the same memory."""
+    if self.search.candidate_search().method == "greedy":
+      return self.batch_size * max(1, self.beam_size)
+    return self.batch_size
 
   def pools(self, lengths: Sequence[int]
             ) -> list[tuple[list[int], int, tuple[int, int, int] | None]]:
@@ -599,14 +609,16 @@ class Translator:
                                out_shardings=NamedSharding(self.mesh, PartitionSpec()))
     return self._fns[key]
 
-  def rows_per_batch(self, length: int, sources: int | None = None) -> int:
-    """The rows of a batch of sources padded to `length`: at most `batch_size`, and at most
-    `tokens_per_batch` padded tokens, rounded to the data-parallel size (at least one row per
-    device). With `sources`, the number a call translates, a call of fewer takes the power
-    of two that holds them: a sentence alone compiles and runs a program of one row, not a
-    full batch's, and small calls share a few programs."""
+  def rows_per_batch(self, length: int, sources: int | None = None,
+                     batch_size: int | None = None) -> int:
+    """The rows of a batch of sources padded to `length`: at most `batch_size` (default
+    `decode.batch_size`), and at most `tokens_per_batch` padded tokens, rounded to the
+    data-parallel size (at least one row per device). With `sources`, the number a call
+    translates, a call of fewer takes the power of two that holds them: a sentence alone
+    compiles and runs a program of one row, not a full batch's, and small calls share a few
+    programs."""
     dp = sharding_lib.data_parallel_size(self.mesh)
-    rows = self.batch_size
+    rows = batch_size or self.batch_size
     if self.tokens_per_batch is not None:
       rows = min(rows, self.tokens_per_batch // length)
     rows = max(dp, rows // dp * dp)
