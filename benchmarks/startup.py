@@ -212,8 +212,12 @@ def report_lines(record: dict[str, Any]) -> list[str]:
   for r in record["rows"]:
     for state in ("cold", "warm"):
       p = r[f"parts {state}"]
+      # The first search less the second: loading kept programs takes less than the searches'
+      # noise, which can make the difference negative.
+      programs = (f"{p['programs']:.2f}" if p["programs"] >= 0
+                  else f"~0 ({p['programs']:.2f}: the searches' noise)")
       head.append(f"| {r['input']} | {state} | {r[f'whole {state}']:.2f} | {p['imports']:.2f} | "
-                  f"{p['restore']:.2f} | {p['programs']:.2f} | {p['search']:.2f} | "
+                  f"{p['restore']:.2f} | {programs} | {p['search']:.2f} | "
                   f"{r['ctranslate2']:.2f} | {r['ctranslate2'] / r[f'whole {state}']:.2f}x |")
   return ["## Results\n",
           f"Model: {record['workdir']} ({record['parameters']}), beam {record['beam']}; the file: "

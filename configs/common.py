@@ -145,9 +145,10 @@ def base_config() -> config_dict.ConfigDict:
   config.decode.batch_size = 64  # global, at most this many sentences per decoding batch
   # ... and at most this many padded source tokens per batch (global, over the mesh).
   config.decode.tokens_per_batch = 4096
-  # Beam and greedy search keep decode.batch_size sentences searching and give a stopped
-  # sentence's place to the next one of its length (in-flight batching,
-  # transformer/decoding/inflight.py); False: each batch searches until its last sentence stops.
+  # Beam and greedy search keep decode.batch_size sentences searching (greedy: beam_size times
+  # as many, the same rows) and give a stopped sentence's place to the next one of its length
+  # (in-flight batching, transformer/decoding/inflight.py); False: each batch searches until its
+  # last sentence stops.
   config.decode.in_flight = True
   # beam (the paper's search) | greedy | sample (ancestral sampling, e.g. for back-translation)
   # | mbr (minimum Bayes risk over candidates, below)
