@@ -552,8 +552,9 @@ class Translator:
     """The sentences of in-flight batching's slots: `decode.batch_size`, and for greedy search
     `decode.beam_size` times as many, the rows of a beam search's batch. A greedy step searches
     one row per sentence, and on 64 rows its products ran far below the matmul rate that a
-    beam search's 256 rows reach (docs/decoding.md); a slot's row holds as much cache as a
-    beam's, so the batch takes the same memory."""
+    beam search's 256 rows reach (docs/decoding.md). A row's self-attention cache is a beam's;
+    the encoder-side keys and values, kept once per sentence, are beam_size times a beam
+    batch's."""
     if self.search.candidate_search().method == "greedy":
       return self.batch_size * max(1, self.beam_size)
     return self.batch_size
