@@ -48,18 +48,20 @@ def lockstep(table, beam_size, num_hypotheses):
     num_hypotheses=num_hypotheses, normalize=False)
 
 
-def refilled(table, beam_size, num_hypotheses, slots, refill):
-  pool = -(-SENTENCES // refill) * refill
+def refilled(table, beam_size, num_hypotheses, slots, refill, queue=None):
+  queue = queue or refill
+  pool = -(-SENTENCES // queue) * queue
   lengths = jnp.asarray(np.pad(LENGTHS, (0, pool - SENTENCES), constant_values=1))
 
   def fresh(start):
-    return (row_cache(start + jnp.arange(refill)),
-            jax.lax.dynamic_slice_in_dim(lengths, start, refill))
+    return (row_cache(start + jnp.arange(queue)),
+            jax.lax.dynamic_slice_in_dim(lengths, start, queue))
 
   return inflight.beam_search_refilled(
     row_model(table), row_cache(jnp.zeros((slots,), jnp.int32)), fresh,
-    num_sentences=jnp.int32(SENTENCES), pool_size=pool, refill=refill, beam_size=beam_size,
-    alpha=0.6, max_len=MAX_LEN, num_hypotheses=num_hypotheses, normalize=False)
+    num_sentences=jnp.int32(SENTENCES), pool_size=pool, refill=refill, queue=queue,
+    beam_size=beam_size, alpha=0.6, max_len=MAX_LEN, num_hypotheses=num_hypotheses,
+    normalize=False)
 
 
 def log_prob_table(seed, **kwargs):
@@ -73,17 +75,20 @@ def log_prob_table(seed, **kwargs):
 
 
 # Each search (beams, n-best 1, greedy) through slots refilled one at a time and two at a time;
-# one slot and every slot refilled at once, each with one search.
-@pytest.mark.parametrize("beam_size,num_hypotheses,slots,refill", [
-  (3, None, 3, 1), (3, 1, 3, 1), (1, None, 3, 1), (3, None, 4, 2), (3, 1, 4, 2),
-  (1, None, 4, 2), (3, None, 5, 5), (3, 1, 1, 1)])
+# one slot and every slot refilled at once, each with one search; a queue of several refills
+# (the sentences made and stepped once at a time), as long as the pool and longer than the slots.
+@pytest.mark.parametrize("beam_size,num_hypotheses,slots,refill,queue", [
+  (3, None, 3, 1, None), (3, 1, 3, 1, None), (1, None, 3, 1, None), (3, None, 4, 2, None),
+  (3, 1, 4, 2, None), (1, None, 4, 2, None), (3, None, 5, 5, None), (3, 1, 1, 1, None),
+  (3, None, 3, 1, 3), (3, 1, 4, 2, 6), (1, None, 4, 2, 4), (3, None, 2, 1, 12)])
 def test_a_refilled_pool_gives_every_sentence_its_lockstep_outputs(beam_size, num_hypotheses,
-                                                                   slots, refill):
-  table = log_prob_table(7, num_sentences=SENTENCES + refill, max_len=MAX_LEN, eos_bias=0.3)
+                                                                   slots, refill, queue):
+  size = queue or refill
+  table = log_prob_table(7, num_sentences=SENTENCES + size, max_len=MAX_LEN, eos_bias=0.3)
   want = jax.jit(lambda t: lockstep(t, beam_size, num_hypotheses))(table)
-  got = jax.jit(lambda t: refilled(t, beam_size, num_hypotheses, slots, refill))(table)
+  got = jax.jit(lambda t: refilled(t, beam_size, num_hypotheses, slots, refill, queue))(table)
   for a, b in zip(got, want, strict=True):
-    assert a.shape[0] == -(-SENTENCES // refill) * refill
+    assert a.shape[0] == -(-SENTENCES // size) * size
     np.testing.assert_array_equal(np.asarray(a)[:SENTENCES], np.asarray(b))
   # Past the sentences searched: nothing.
   assert np.all(np.asarray(got[1])[SENTENCES:] == -np.inf)
@@ -103,6 +108,8 @@ def test_bad_settings_are_refused():
   table = jnp.asarray(make_table(0, num_sentences=SENTENCES + 4, max_len=MAX_LEN), jnp.float32)
   with pytest.raises(ValueError, match="refill"):
     refilled(table, 2, None, 3, 4)
+  with pytest.raises(ValueError, match="queue"):
+    refilled(table, 2, None, 3, 2, queue=3)
   with pytest.raises(ValueError, match="batch leading"):
     inflight.beam_search_refilled(
       row_model(table), {**row_cache(jnp.zeros((2,), jnp.int32)), "step": jnp.int32(0)},
@@ -189,9 +196,10 @@ def test_a_long_group_is_searched_by_one_pool_program(monkeypatch):
   in_flight, lockstep = translator(True), translator(False)
   plan = in_flight.pools([len(s) for s in sources])
   shapes = [(length, len(idx), shape) for idx, length, shape in plan]
-  assert [(length, n) for length, n, _ in shapes] == [(8, 8), (8, 8), (8, 3), (16, 3)]
-  assert shapes[0][2] == shapes[1][2] == shapes[2][2] == (4, 8, 1) and shapes[3][2] is None
-  for idx, _, _ in plan[:3]:  # a pool's longest sources first, its last ones short
+  # Pools of 12: 2 batches of 4 slots, rounded up to the queue (6: 4 slots, a multiple of K).
+  assert [(length, n) for length, n, _ in shapes] == [(8, 12), (8, 7), (16, 3)]
+  assert shapes[0][2] == shapes[1][2] == (4, 12, 1) and shapes[2][2] is None
+  for idx, _, _ in plan[:2]:  # a pool's longest sources first, its last ones short
     assert [len(sources[i]) for i in idx] == sorted((len(sources[i]) for i in idx), reverse=True)
   got = in_flight.search_ids(params, sources)
   want = lockstep.search_ids(params, sources)

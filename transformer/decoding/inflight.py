@@ -6,9 +6,12 @@ rows keep stepping for sentences that have stopped (sorted by source length, a b
 still differ in length), and the larger the batch, the more it wastes: that kept batches small.
 Here every slot (a sentence's K rows) is at its own step. Whenever `refill` slots are free, the
 stopped sentences' hypotheses are written to the pool's outputs and their slots take the pool's
-next `refill` sentences, whose cache `fresh` makes for those sentences alone (the encoder and
-the encoder-side keys and values). The loop ends when the pool is empty and every slot has
-stopped, so a batch may be many sentences without waiting for its longest.
+next `refill` sentences. Those come from a queue of `queue` sentences, made at once by `fresh`
+(the encoder and the encoder-side keys and values, over a batch of `queue` sentences rather than
+`refill`) and stepped once there: a sentence's first step has one live beam, so it takes one
+row of the queue's batch instead of K identical rows of the slots'. The loop ends when the
+pool is empty and every slot has stopped, so a batch may be many sentences without waiting for
+its longest.
 
 Each sentence's outputs are those of `search.beam_search` on it: a slot's step depends on its
 own rows only (the Transformer's cache keeps a position per row, `model.CACHE_INDEX` and
@@ -33,7 +36,8 @@ from transformer.decoding.search import NEG_INF
 
 PyTree = Any
 # fresh(start) -> (cache, max_lengths): the untiled cache of the pool's sentences start ..
-# start + R - 1 (R = refill; rows past the pool are ignored) and their longest outputs int32 [R].
+# start + Q - 1 (Q = queue; rows past the sentences searched are ignored) and their longest
+# outputs int32 [Q].
 Fresh = Callable[[jax.Array], tuple[PyTree, jax.Array]]
 
 
@@ -57,6 +61,7 @@ def beam_search_refilled(
   num_sentences: jax.Array,
   pool_size: int,
   refill: int,
+  queue: int | None = None,
   beam_size: int = 4,
   alpha: float = 0.6,
   max_len: int,
@@ -73,11 +78,14 @@ def beam_search_refilled(
   Args:
     tokens_to_logits: ids int32[B * K, 1], cache -> (logits float32[B * K, V], new cache).
     cache: a cache of B sentences (untiled, as `beam_search` takes it); what its rows hold does
-      not matter, every slot being filled by `fresh` before its first step.
-    fresh: the cache and longest outputs of `refill` consecutive pool sentences (`Fresh`).
+      not matter, every slot being filled from the queue before it steps.
+    fresh: the cache and longest outputs of `queue` consecutive pool sentences (`Fresh`).
     num_sentences: int32 scalar, how many of the pool's sentences to search (the first ones).
-    pool_size: P, static: the outputs' leading size.
-    refill: R, static, 1 <= R <= B: the slots refilled at once, and `fresh`'s sentences.
+    pool_size: P, static: the outputs' leading size, a multiple of Q.
+    refill: R, static, 1 <= R <= B: the slots refilled at once.
+    queue: Q, static, a multiple of R (default R): the sentences `fresh` makes at once and
+      steps once. `tokens_to_logits` takes their untiled cache, one row per sentence (every
+      row at its first step, attending over its own position alone).
     beam_size, alpha, max_len, eos_id, reorder, per_sentence, num_hypotheses, banned_id,
       normalize: as for `search.beam_search`.
 
@@ -90,6 +98,10 @@ def beam_search_refilled(
   slots = jax.tree.leaves(cache)[0].shape[0]
   if not 1 <= refill <= slots:
     raise ValueError(f"refill must be in [1, {slots}] (the slots), got {refill}")
+  q = refill if queue is None else queue
+  if q % refill or pool_size % q:
+    raise ValueError(f"queue={q} must be a multiple of refill={refill} and divide the pool's "
+                     f"{pool_size} sentences")
   if any(jnp.ndim(x) == 0 for x in jax.tree.leaves(cache)):
     raise ValueError("in-flight batching needs every cache leaf with the batch leading")
   num_sentences = jnp.minimum(jnp.asarray(num_sentences, jnp.int32), pool_size)
@@ -117,6 +129,18 @@ def beam_search_refilled(
     free = jnp.sum(state["done"])
     return (left(state) > 0) & (free >= jnp.minimum(refill, left(state)))
 
+  def first_steps(start):
+    """The queue of the pool's sentences start .. start + Q - 1: their cache and hypotheses
+    after their first step, taken from one row each (only beam 0 is live before it)."""
+    new_cache, max_lengths = fresh(start)
+    hyps = {**search_lib.initial_hypotheses(q, k, max_len), "done": jnp.zeros((q,), bool),
+            "rows": rows_of(max_lengths)}
+    logits, new_cache = tokens_to_logits(hyps["live_last"][:, :1], new_cache)
+    new = search_lib.extend_beams(hyps, jnp.repeat(logits, k, axis=0),
+                                  jnp.zeros((q,), jnp.int32), penalties, k=k, n=n,
+                                  eos_id=eos_id, banned_id=banned_id, normalize=normalize)
+    return {**new, "cache": new_cache, "start": start}
+
   def refill_once(state):
     # The first R free slots (stopped: their results are final) take the next R sentences.
     order = jnp.argsort(~state["done"], stable=True)[:refill]
@@ -124,15 +148,18 @@ def beam_search_refilled(
     take = (jnp.arange(refill) < count) & state["done"][order]
     targets = jnp.where(take, order, slots)
     out = outputs(state, order, take)
-    new_cache, max_lengths = fresh(state["next"])
-    new = {**search_lib.initial_hypotheses(refill, k, max_len),
-           "step": jnp.zeros((refill,), jnp.int32), "done": jnp.zeros((refill,), bool),
-           "sentence": state["next"] + jnp.arange(refill, dtype=jnp.int32),
-           "rows": rows_of(max_lengths),
-           "cache": search_lib.tile_beams(new_cache, k, per_sentence)}
+    queued = jax.lax.cond(state["next"] >= state["queue"]["start"] + q,
+                          lambda: first_steps(state["next"]), lambda: state["queue"])
+    at = state["next"] - queued["start"]
+    part = jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, at, refill),
+                        {name: queued[name] for name in queued if name != "start"})
+    parent = part.pop("parent")
+    cache = search_lib.tile_beams(part.pop("cache"), k, per_sentence)
+    new = {**part, "sentence": state["next"] + jnp.arange(refill, dtype=jnp.int32),
+           "cache": cache if k == 1 else search_lib.gather_beams(cache, parent, reorder)}
     per_slot = {name: state[name] for name in new}
     state = {**state, **put_slots(per_slot, new, targets, slots)}
-    return {**state, "next": state["next"] + count, "out": out}
+    return {**state, "next": state["next"] + count, "out": out, "queue": queued}
 
   def refill_all(state):
     return jax.lax.while_loop(can_refill, refill_once, state)
@@ -156,6 +183,10 @@ def beam_search_refilled(
     "rows": rows_of(jnp.ones((slots,), jnp.int32)),
     "cache": search_lib.tile_beams(cache, k, per_sentence),
     "next": jnp.zeros((), jnp.int32),
+    # Empty (its start a queue before the pool's): the first refill makes it.
+    "queue": {**jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype),
+                             jax.eval_shape(first_steps, jnp.zeros((), jnp.int32))),
+              "start": jnp.full((), -q, jnp.int32)},
     "out": (jnp.zeros((pool_size, k, max_len), jnp.int32),
             jnp.full((pool_size, k), NEG_INF, jnp.float32),
             jnp.full((pool_size, k), NEG_INF, jnp.float32)),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import math
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
@@ -37,6 +38,15 @@ Array = jax.Array
 # took 1.03x to 1.07x less time on the messages model (docs/decoding.md).
 POOL_BATCHES = 64
 REFILL_PART = 8
+
+
+def queue_size(slots: int, refill: int, beams: int) -> int:
+  """The sentences in-flight batching encodes and steps once at a time (`inflight`'s queue):
+  a device's slots, rounded up to a multiple of `refill` and of `beams` (its first step reads
+  the untiled cache as groups of K rows). The encoder over 32 sources instead of 4 took 0.72x
+  the time per source, and a sentence's first step one row instead of K (docs/decoding.md)."""
+  multiple = math.lcm(refill, beams)
+  return -(-slots // multiple) * multiple
 
 
 def init_cache(model_config: ModelConfig, batch: int, src_len: int, max_len: int,
@@ -340,26 +350,29 @@ def decode_pool(params: Any, pool: Array, num_sentences: Array,
   next sentence, `refill` at a time (in-flight batching: `inflight.beam_search_refilled`).
   Beam search and greedy search (one beam), of a Transformer or an ensemble of them; the
   outputs are `decode_hypotheses`' of each source: sequences int32 [P, nbest, max_len], scores
-  and log_probs float32 [P, nbest] (empty past `num_sentences`). P must be a multiple of
-  `refill`."""
+  and log_probs float32 [P, nbest] (empty past `num_sentences`). P must be a multiple of the
+  queue (`queue_size`): the sources encoded and stepped once at a time."""
   ensemble = members(params, model_config, weights)
   all_params, configs, member_weights = ensemble or ((params,), (model_config,), (1.0,))
   if search.method not in ("beam", "greedy"):
     raise ValueError(f"in-flight batching searches with beam or greedy, not {search.method!r}")
-  if pool.shape[0] % refill:
-    raise ValueError(f"the pool's {pool.shape[0]} sources are not a multiple of refill={refill}")
   beams = search.beam_size if search.method == "beam" else 1
+  queue = queue_size(slots, refill, beams)
+  if pool.shape[0] % queue:
+    raise ValueError(f"the pool's {pool.shape[0]} sources are not a multiple of the queue's "
+                     f"{queue}")
   cache, reorder, once = search_cache(all_params, configs, jnp.zeros((slots,) + pool.shape[1:],
                                                                      pool.dtype), max_len, beams)
 
   def fresh(start):
-    sources = jax.lax.dynamic_slice_in_dim(pool, start, refill)
+    sources = jax.lax.dynamic_slice_in_dim(pool, start, queue)
     new_cache, _, _ = search_cache(all_params, configs, sources, max_len, beams)
     return new_cache, output_limits(sources, search, max_len)
 
   seqs, scores, log_probs = inflight.beam_search_refilled(
     step_function(all_params, configs, member_weights if ensemble else None), cache, fresh,
-    num_sentences=num_sentences, pool_size=pool.shape[0], refill=refill, beam_size=beams,
+    num_sentences=num_sentences, pool_size=pool.shape[0], refill=refill, queue=queue,
+    beam_size=beams,
     alpha=search.alpha, max_len=max_len, reorder=reorder, per_sentence=once,
     num_hypotheses=nbest, banned_id=PAD_ID if search.suppress_padding else None,
     normalize=ensemble is None)
@@ -539,13 +552,15 @@ class Translator:
     `rows_per_batch` slots (the power of two that holds a smaller group) of `pool_batch_size`
     sentences, a pool of up to `POOL_BATCHES` times as many sources (fewer for a smaller
     group), and an eighth of each device's slots refilled at once; global counts, each a
-    multiple of the data-parallel size, the pool of each device's refill."""
+    multiple of the data-parallel size, the pool of each device's queue (`queue_size`)."""
     dp = sharding_lib.data_parallel_size(self.mesh)
     slots = self.rows_per_batch(length, group, self.pool_batch_size())
     per_device = slots // dp
     refill = max(1, per_device // REFILL_PART)
     batches = min(POOL_BATCHES, 1 << max(-(-group // slots) - 1, 0).bit_length())
-    pool = -(-per_device * batches // refill) * refill
+    search = self.search.candidate_search()
+    queue = queue_size(per_device, refill, search.beam_size if search.method == "beam" else 1)
+    pool = -(-per_device * batches // queue) * queue
     return slots, pool * dp, refill
 
   def pool_batch_size(self) -> int:
