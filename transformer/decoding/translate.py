@@ -44,7 +44,9 @@ def queue_size(slots: int, refill: int, beams: int) -> int:
   """The sentences in-flight batching encodes and steps once at a time (`inflight`'s queue):
   a device's slots, rounded up to a multiple of `refill` and of `beams` (its first step reads
   the untiled cache as groups of K rows). The encoder over 32 sources instead of 4 took 0.72x
-  the time per source, and a sentence's first step one row instead of K (docs/decoding.md)."""
+  the time per source, and a sentence's first step takes one row instead of K
+  (docs/decoding.md); the queue's cache is a slot's untiled one, 1/K of the slots'
+  self-attention caches."""
   multiple = math.lcm(refill, beams)
   return -(-slots // multiple) * multiple
 
