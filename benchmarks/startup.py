@@ -164,7 +164,7 @@ def run(workdir: str, lines: int, threads: int, baseline: str | None = None,
     config = workdir_lib.load(workdir)
     model = infer.restore(config, workdir)
     ct2 = export.export_restored(model, os.path.join(scratch, "ct2"))
-    beam = model.translator.beam_size if model.translator.search.method == "beam" else 1
+    beam = model.translator.search.beams()
     all_batches = ct2_batches or CT2_BATCHES
     rows = []
     for name, path in (("one sentence", None), (f"{lines:,} lines", corpus)):

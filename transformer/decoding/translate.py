@@ -165,6 +165,10 @@ class Search:
     return {"beam": self.beam_size, "greedy": 1, "sample": 0,
             "mbr": self.mbr_candidates}[self.method]
 
+  def beams(self) -> int:
+    """K, the beams a sentence's cache is laid out for: `beam_size` for beam search, else 1."""
+    return self.beam_size if self.method == "beam" else 1
+
   def candidate_search(self) -> Search:
     """The search that runs on the devices: MBR's sampler (its candidates), else this one."""
     if self.method != "mbr":
@@ -223,7 +227,7 @@ def decode_hypotheses(params: Any, inputs: Array, model_config: ModelConfig | tu
   ensemble = members(params, model_config, weights)
   all_params, configs, member_weights = ensemble or ((params,), (model_config,), (1.0,))
   rows = nbest if search.method == "sample" else 1
-  beams = search.beam_size if search.method == "beam" else 1
+  beams = search.beams()
   banned = PAD_ID if search.suppress_padding else None
   max_lengths = output_limits(inputs, search, max_len)
   prefix_lengths = None if prefix is None else jnp.sum(prefix > 0, axis=-1).astype(jnp.int32)
@@ -358,7 +362,7 @@ def decode_pool(params: Any, pool: Array, num_sentences: Array,
   all_params, configs, member_weights = ensemble or ((params,), (model_config,), (1.0,))
   if search.method not in ("beam", "greedy"):
     raise ValueError(f"in-flight batching searches with beam or greedy, not {search.method!r}")
-  beams = search.beam_size if search.method == "beam" else 1
+  beams = search.beams()
   queue = queue_size(slots, refill, beams)
   if pool.shape[0] % queue:
     raise ValueError(f"the pool's {pool.shape[0]} sources are not a multiple of the queue's "
@@ -374,8 +378,7 @@ def decode_pool(params: Any, pool: Array, num_sentences: Array,
   seqs, scores, log_probs = inflight.beam_search_refilled(
     step_function(all_params, configs, member_weights if ensemble else None), cache, fresh,
     num_sentences=num_sentences, pool_size=pool.shape[0], refill=refill, queue=queue,
-    beam_size=beams,
-    alpha=search.alpha, max_len=max_len, reorder=reorder, per_sentence=once,
+    beam_size=beams, alpha=search.alpha, max_len=max_len, reorder=reorder, per_sentence=once,
     num_hypotheses=nbest, banned_id=PAD_ID if search.suppress_padding else None,
     normalize=ensemble is None)
   seqs, scores, log_probs = seqs[:, :nbest], scores[:, :nbest], log_probs[:, :nbest]
@@ -560,8 +563,7 @@ class Translator:
     per_device = slots // dp
     refill = max(1, per_device // REFILL_PART)
     batches = min(POOL_BATCHES, 1 << max(-(-group // slots) - 1, 0).bit_length())
-    search = self.search.candidate_search()
-    queue = queue_size(per_device, refill, search.beam_size if search.method == "beam" else 1)
+    queue = queue_size(per_device, refill, self.search.candidate_search().beams())
     pool = -(-per_device * batches // queue) * queue
     return slots, pool * dp, refill
 
