@@ -9,9 +9,9 @@ stopped sentences' hypotheses are written to the pool's outputs and their slots 
 next `refill` sentences. Those come from a queue of `queue` sentences, made at once by `fresh`
 (the encoder and the encoder-side keys and values, over a batch of `queue` sentences rather than
 `refill`) and stepped once there: a sentence's first step has one live beam, so it takes one
-row of the queue's batch instead of K identical rows of the slots'. The loop ends when the
-pool is empty and every slot has stopped, so a batch may be many sentences without waiting for
-its longest.
+row of the queue's batch instead of K identical rows of the slots' (greedy search, K = 1,
+takes its first step in the slots: one row either way). The loop ends when the pool is empty
+and every slot has stopped, so a batch may be many sentences without waiting for its longest.
 
 Each sentence's outputs are those of `search.beam_search` on it: a slot's step depends on its
 own rows only (the Transformer's cache keeps a position per row, `model.CACHE_INDEX` and
@@ -84,8 +84,8 @@ def beam_search_refilled(
     pool_size: P, static: the outputs' leading size, a multiple of Q.
     refill: R, static, 1 <= R <= B: the slots refilled at once.
     queue: Q, static, a multiple of R (default R): the sentences `fresh` makes at once and
-      steps once. `tokens_to_logits` takes their untiled cache, one row per sentence (every
-      row at its first step, attending over its own position alone).
+      steps once (K > 1). `tokens_to_logits` takes their untiled cache, one row per sentence
+      (every row at its first step, attending over its own position alone).
     beam_size, alpha, max_len, eos_id, reorder, per_sentence, num_hypotheses, banned_id,
       normalize: as for `search.beam_search`.
 
@@ -135,6 +135,11 @@ def beam_search_refilled(
     new_cache, max_lengths = fresh(start)
     hyps = {**search_lib.initial_hypotheses(q, k, max_len), "done": jnp.zeros((q,), bool),
             "rows": rows_of(max_lengths)}
+    if k == 1:
+      # Greedy: the first step is one row in a slot too, and stepping here would compile a
+      # second decoder step; the slots take the sentences before it.
+      return {**hyps, "step": jnp.zeros((q,), jnp.int32), "parent": jnp.zeros((q, 1), jnp.int32),
+              "cache": new_cache, "start": start}
     logits, new_cache = tokens_to_logits(hyps["live_last"][:, :1], new_cache)
     new = search_lib.extend_beams(hyps, jnp.repeat(logits, k, axis=0),
                                   jnp.zeros((q,), jnp.int32), penalties, k=k, n=n,
