@@ -3,8 +3,9 @@
 Beam search (`search.beam_search`, `decode.method=beam`) stops a sentence once no live
 hypothesis can still beat its best finished one: at best a live hypothesis reaches
 live_log_prob / lp(longest output), so the search goes on until that bound falls below the best
-finished score. Most toolkits (CTranslate2 among them) stop once the beam's best hypothesis by
-log probability has ended, which is sooner and may miss a longer hypothesis of a better score.
+finished score. A common early rule (CTranslate2's without a length penalty) stops once the
+beam's best hypothesis by log probability has ended, which is sooner and may miss a longer
+hypothesis of a better score.
 This counts, over a file, the steps each rule searches each sentence and how often the early
 rule's best hypothesis is the exact search's: the row-steps the exact stop costs in a
 comparison of decoders' speed, and what it buys.
