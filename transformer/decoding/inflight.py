@@ -131,7 +131,8 @@ def beam_search_refilled(
 
   def first_steps(start):
     """The queue of the pool's sentences start .. start + Q - 1: their cache and hypotheses
-    after their first step, taken from one row each (only beam 0 is live before it)."""
+    after their first step, taken from one row each (only beam 0 is live before it); greedy
+    search's before it."""
     new_cache, max_lengths = fresh(start)
     hyps = {**search_lib.initial_hypotheses(q, k, max_len), "done": jnp.zeros((q,), bool),
             "rows": rows_of(max_lengths)}
